@@ -1,0 +1,47 @@
+"""The library's error tree, and the control signals a handler may raise.
+
+The tree is shallow on purpose: callers catch :class:`ParallelConsumerError` for anything this library
+raises, or one of its direct children when they care which part failed.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+__all__ = [
+    "ConfigurationError",
+    "InternalError",
+    "ParallelConsumerError",
+    "Retry",
+]
+
+
+class ParallelConsumerError(Exception):
+    """Base class of every error this library raises."""
+
+
+class ConfigurationError(ParallelConsumerError, ValueError):
+    """A setting or an API call is invalid; the message names the setting and what to do."""
+
+
+class InternalError(ParallelConsumerError):
+    """The engine stopped because of a fault outside user code (the broker, the client, a bug).
+
+    It is stored in ``ParallelConsumer.failure`` and re-raised by ``wait()`` and ``close()``.
+    """
+
+
+class Retry(Exception):  # noqa: N818 - a control signal, not an error condition
+    """Raise from a handler to retry the record(s) after ``delay`` instead of the default delay.
+
+    ``delay`` is seconds (int/float) or a :class:`~datetime.timedelta`; ``None`` keeps the
+    configured retry delay. The failure is logged at DEBUG rather than as an error.
+    """
+
+    def __init__(self, message: str = "", *, delay: float | timedelta | None = None) -> None:
+        super().__init__(message)
+        if isinstance(delay, timedelta):
+            delay = delay.total_seconds()
+        if delay is not None and delay < 0:
+            raise ValueError(f"Retry(delay=...) must be >= 0, got {delay!r}")
+        self.delay: float | None = None if delay is None else float(delay)
