@@ -1,0 +1,246 @@
+"""The Apache Kafka backend: broker jars from Maven Central, configuration, command lines.
+
+Jars are resolved once per version into ``<cache>/kafka-<version>/lib`` (``<cache>`` is
+``$PC_KAFKA_CACHE``, else ``$XDG_CACHE_HOME/parallel-consumer``, else
+``~/.cache/parallel-consumer``) and reused by every later instance.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import importlib.resources
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from parallel_consumer.testing._broker_process import LocalKafkaError
+
+__all__ = [
+    "DEFAULT_KAFKA_VERSION",
+    "broker_command",
+    "cache_root",
+    "format_command",
+    "is_resolved",
+    "jar_dir",
+    "log4j2_config",
+    "new_cluster_id",
+    "render_properties",
+    "require_java",
+    "resolve_jars",
+    "server_properties",
+]
+
+DEFAULT_KAFKA_VERSION = "4.3.1"
+_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.6.1"
+_RESOLVED_MARKER = ".resolved"
+
+_INSTALL_JAVA = (
+    "Install a Java 17+ runtime (e.g. `apt-get install openjdk-17-jre-headless`), "
+    "or use backend='tansu' (pip install 'parallel-consumer[tansu]')."
+)
+
+
+def cache_root() -> Path:
+    """The per-user folder holding resolved broker classpaths."""
+    override = os.environ.get("PC_KAFKA_CACHE")
+    if override:
+        return Path(override).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "parallel-consumer"
+
+
+def jar_dir(version: str) -> Path:
+    """Where the jars of Kafka ``version`` live once resolved."""
+    return cache_root() / f"kafka-{version}" / "lib"
+
+
+def is_resolved(version: str) -> bool:
+    """Whether a complete classpath for ``version`` is in the cache."""
+    return (jar_dir(version) / _RESOLVED_MARKER).is_file()
+
+
+def require_java() -> str:
+    """The ``java`` executable, or a :class:`LocalKafkaError` saying what to install."""
+    java = shutil.which("java")
+    if java is None:
+        raise LocalKafkaError(
+            f"Java was not found on PATH: the apache backend needs it. {_INSTALL_JAVA}"
+        )
+    return java
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    # Two test processes (e.g. pytest-xdist workers) resolving at once must not race on one folder.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def resolve_jars(version: str = DEFAULT_KAFKA_VERSION, *, timeout: float = 900.0) -> Path:
+    """Resolve the broker's runtime classpath with Maven (once), returning the jar folder."""
+    target = jar_dir(version)
+    if is_resolved(version):
+        return target
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise LocalKafkaError(
+            f"Maven (mvn) was not found on PATH, and Kafka {version}'s jars are not cached in "
+            f"{target}. Install Maven (e.g. `apt-get install maven`) so LocalKafka can resolve "
+            "them from Maven Central once, or use backend='tansu' "
+            "(pip install 'parallel-consumer[tansu]')."
+        )
+    with _locked(target.parent / ".resolve.lock"):
+        if is_resolved(version):
+            return target
+        with tempfile.TemporaryDirectory(prefix=".resolve-", dir=target.parent) as work:
+            pom_template = importlib.resources.files(__package__).joinpath("kafka", "pom.xml")
+            pom = Path(work) / "pom.xml"
+            pom.write_text(pom_template.read_text().replace("@KAFKA_VERSION@", version))
+            out_dir = Path(work) / "lib"
+            argv = [
+                mvn,
+                "-B",
+                "-q",
+                "-f",
+                str(pom),
+                f"{_DEPENDENCY_PLUGIN}:copy-dependencies",
+                f"-DoutputDirectory={out_dir}",
+                "-DincludeScope=runtime",
+            ]
+            try:
+                done = subprocess.run(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired as exc:
+                raise LocalKafkaError(
+                    f"Maven did not resolve Kafka {version} within {timeout:.0f} s; "
+                    "check network access to Maven Central."
+                ) from exc
+            if done.returncode != 0 or not any(out_dir.glob("kafka_2.13-*.jar")):
+                tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-20:])
+                raise LocalKafkaError(
+                    f"Maven could not resolve org.apache.kafka:kafka_2.13:{version} "
+                    f"(exit {done.returncode}). Is the version on Maven Central, and is Central "
+                    f"reachable? Last lines of mvn output:\n{tail}"
+                )
+            (out_dir / _RESOLVED_MARKER).write_text(version + "\n")
+            if target.exists():  # a partial folder from an interrupted run
+                shutil.rmtree(target)
+            out_dir.rename(target)
+    return target
+
+
+def new_cluster_id() -> str:
+    """A random KRaft cluster id (22 characters of url-safe base64, like kafka-storage makes)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+
+
+def server_properties(
+    *, port: int, controller_port: int, data_dir: Path, overrides: Mapping[str, str]
+) -> dict[str, str]:
+    """Settings of a fast single-node KRaft broker+controller; ``overrides`` win."""
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "log.dirs": str(data_dir),
+        "num.partitions": "1",
+        "auto.create.topics.enable": "false",
+        # One node: every internal topic has one replica, or it can never be created.
+        "offsets.topic.replication.factor": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "min.insync.replicas": "1",
+        # Fewer internal-topic partitions than the default 50: created on the first group or
+        # transaction of each broker, and that creation is on every test session's critical path.
+        "offsets.topic.num.partitions": "5",
+        "transaction.state.log.num.partitions": "5",
+        "share.coordinator.state.topic.num.partitions": "5",
+        # Otherwise every first join of a group waits 3 s for more members.
+        "group.initial.rebalance.delay.ms": "0",
+    }
+    props.update(overrides)
+    return props
+
+
+def render_properties(props: Mapping[str, str]) -> str:
+    """``props`` as a Java .properties file (values escaped where the format needs it)."""
+
+    def escape_key(text: str) -> str:
+        return escape_value(text).replace("=", "\\=").replace(":", "\\:").replace(" ", "\\ ")
+
+    def escape_value(text: str) -> str:
+        return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+    return "".join(f"{escape_key(k)}={escape_value(v)}\n" for k, v in props.items())
+
+
+def log4j2_config(log_path: Path) -> str:
+    """A log4j2 configuration sending every broker log line to ``log_path``."""
+    return (
+        "status = warn\n"
+        "appender.file.type = File\n"
+        "appender.file.name = FILE\n"
+        f"appender.file.fileName = {log_path}\n"
+        "appender.file.append = true\n"
+        "appender.file.layout.type = PatternLayout\n"
+        "appender.file.layout.pattern = [%d] %p %m (%c)%n\n"
+        "rootLogger.level = INFO\n"
+        "rootLogger.appenderRef.file.ref = FILE\n"
+        # The request logger and the state-change logger are noisy at INFO and never the cause.
+        "logger.request.name = kafka.request.logger\n"
+        "logger.request.level = WARN\n"
+        "logger.state.name = state.change.logger\n"
+        "logger.state.level = WARN\n"
+    )
+
+
+def _java_argv(java: str, lib: Path, log4j: Path, heap: str, main: str) -> list[str]:
+    return [
+        java,
+        f"-Xmx{heap}",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={log4j}",
+        "-cp",
+        str(lib / "*"),
+        main,
+    ]
+
+
+def format_command(java: str, lib: Path, log4j: Path, config: Path, cluster_id: str) -> list[str]:
+    """Format a fresh log directory for the static single-voter quorum in ``config``."""
+    # A short-lived tool: C1 only and a small heap start it noticeably faster on 2 cores.
+    argv = _java_argv(java, lib, log4j, "256m", "kafka.tools.StorageTool")
+    argv[1:1] = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+    return [*argv, "format", "-t", cluster_id, "-c", str(config)]
+
+
+def broker_command(
+    java: str, lib: Path, log4j: Path, config: Path, *, heap: str = "512m"
+) -> list[str]:
+    """Run the broker (``kafka.Kafka``) with ``config``."""
+    return [*_java_argv(java, lib, log4j, heap, "kafka.Kafka"), str(config)]

@@ -1,0 +1,158 @@
+"""Running one broker process: ports, spawning, waiting until it answers, stopping it.
+
+Backend-neutral; :mod:`parallel_consumer.testing.local_kafka` owns the instances and decides what
+to run, this module only does it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from parallel_consumer.errors import ParallelConsumerError
+
+__all__ = [
+    "BrokerProcess",
+    "LocalKafkaError",
+    "check_port_free",
+    "free_port",
+    "log_tail",
+    "wait_until_answering",
+]
+
+
+class LocalKafkaError(ParallelConsumerError):
+    """A local test broker could not be prepared, started or stopped.
+
+    The message says what is missing or what failed, where the broker's log is, and what to do.
+    """
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def check_port_free(port: int, *, what: str) -> None:
+    """Raise :class:`LocalKafkaError` if ``port`` on 127.0.0.1 cannot be bound."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # SO_REUSEADDR as the broker will set it: a port in TIME_WAIT after our own restart is free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise LocalKafkaError(
+                f"{what} 127.0.0.1:{port} is already in use ({exc.strerror}). "
+                "Stop whatever listens there, pick another port, or pass port=None "
+                "to let LocalKafka choose a free one."
+            ) from exc
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    """The last ``lines`` lines of a log file, or a note that there is none."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return "(no log written)"
+    tail = text.splitlines()[-lines:]
+    return "\n".join("    " + line for line in tail) or "(log is empty)"
+
+
+class BrokerProcess:
+    """One spawned broker process whose output goes to ``log_path``.
+
+    Owned by the :class:`LocalKafka` that spawned it; ``stop()`` may be called more than once.
+    """
+
+    def __init__(self, argv: Sequence[str], *, log_path: Path, cwd: Path) -> None:
+        self.log_path = log_path
+        with log_path.open("ab") as log:
+            # A new session keeps Ctrl-C in the user's terminal away from the broker: the owner
+            # stops it in order (terminate, wait, kill) instead of it dying mid-write.
+            self._popen = subprocess.Popen(
+                list(argv),
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    def exit_code(self) -> int | None:
+        """The exit code if the process has ended, else ``None``."""
+        return self._popen.poll()
+
+    def wait(self, timeout: float) -> int:
+        """Wait for the process to end by itself (killing it after ``timeout``); its exit code."""
+        try:
+            return self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._popen.kill()
+            return self._popen.wait()
+
+    def stop(self, timeout: float) -> None:
+        """Ask the broker to shut down (SIGTERM); kill it if it has not ended in ``timeout``."""
+        if self._popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._popen.send_signal(signal.SIGTERM)
+            try:
+                self._popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    self._popen.kill()
+                self._popen.wait()
+        else:
+            self._popen.wait()
+
+
+def wait_until_answering(
+    bootstrap_servers: str,
+    *,
+    alive: Callable[[], int | None],
+    timeout: float,
+    on_death: Callable[[int], LocalKafkaError],
+    on_timeout: Callable[[], LocalKafkaError],
+) -> float:
+    """Poll until a broker at ``bootstrap_servers`` answers a metadata request.
+
+    ``alive()`` returns the process exit code (``None`` while it runs); a death raises
+    ``on_death(code)`` at once instead of waiting out ``timeout``. Returns the seconds waited.
+    """
+    # Imported here: only starting a broker needs the client library loaded.
+    from confluent_kafka.admin import AdminClient
+
+    started = time.monotonic()
+    deadline = started + timeout
+    # log_level 0: while the broker boots, librdkafka would print "connection refused" on stderr.
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0})
+    while True:
+        code = alive()
+        if code is not None:
+            raise on_death(code)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise on_timeout()
+        try:
+            metadata = admin.list_topics(timeout=min(1.0, remaining))
+        except Exception:  # KafkaException or a timeout: not up yet, try again
+            time.sleep(0.05)
+            continue
+        if metadata.brokers:
+            return time.monotonic() - started
