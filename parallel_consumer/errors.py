@@ -1,7 +1,7 @@
 """The library's error tree, and the control signals a handler may raise.
 
-The tree is shallow on purpose: callers catch :class:`ParallelConsumerError` for anything this library
-raises, or one of its direct children when they care which part failed.
+The tree is shallow on purpose: callers catch :class:`ParallelConsumerError` for anything this
+library raises, or one of its direct children when they care which part failed.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class InternalError(ParallelConsumerError):
     """
 
 
-class Retry(Exception):  # noqa: N818 - a control signal, not an error condition
+class Retry(Exception):
     """Raise from a handler to retry the record(s) after ``delay`` instead of the default delay.
 
     ``delay`` is seconds (int/float) or a :class:`~datetime.timedelta`; ``None`` keeps the

@@ -1,0 +1,160 @@
+"""Read-only views of records handed to user functions.
+
+A :class:`RecordContext` is a snapshot taken when the record is dispatched: its ``attempts`` and
+``last_failure`` describe the attempts *before* this one and never change under the handler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+__all__ = ["PollContext", "RecordContext"]
+
+Headers = list[tuple[str, bytes | None]]
+
+
+class RecordContext:
+    """One Kafka record plus its processing history.
+
+    ``message`` is the underlying :class:`confluent_kafka.Message`.
+    """
+
+    __slots__ = ("_message", "attempts", "last_failure", "last_failure_at")
+
+    def __init__(
+        self,
+        message: Any,
+        attempts: int = 0,
+        last_failure: BaseException | None = None,
+        last_failure_at: datetime | None = None,
+    ) -> None:
+        self._message = message
+        #: Failed attempts before this one (0 on the first attempt).
+        self.attempts = attempts
+        #: The exception of the latest failed attempt, if any.
+        self.last_failure = last_failure
+        #: When the latest failed attempt ended (UTC), if any.
+        self.last_failure_at = last_failure_at
+
+    @property
+    def message(self) -> Any:
+        return self._message
+
+    @property
+    def topic(self) -> str:
+        return self._message.topic()  # type: ignore[no-any-return]
+
+    @property
+    def partition(self) -> int:
+        return self._message.partition()  # type: ignore[no-any-return]
+
+    @property
+    def offset(self) -> int:
+        return self._message.offset()  # type: ignore[no-any-return]
+
+    @property
+    def key(self) -> bytes | None:
+        return self._message.key()  # type: ignore[no-any-return]
+
+    @property
+    def value(self) -> bytes | None:
+        return self._message.value()  # type: ignore[no-any-return]
+
+    @property
+    def headers(self) -> Headers:
+        return self._message.headers() or []
+
+    @property
+    def timestamp(self) -> datetime | None:
+        """The record's timestamp (create or log-append time) in UTC, or None if absent."""
+        kind, millis = self._message.timestamp()
+        if kind == 0 or millis is None or millis < 0:  # TIMESTAMP_NOT_AVAILABLE
+            return None
+        return datetime.fromtimestamp(millis / 1000, tz=UTC)
+
+    def __repr__(self) -> str:
+        return (
+            f"<RecordContext {self.topic}[{self.partition}]@{self.offset} "
+            f"key={self.key!r} attempts={self.attempts}>"
+        )
+
+
+class PollContext(Sequence[RecordContext]):
+    """What a handler receives: one record, or up to ``Options.batch_size`` records.
+
+    Single-record shortcuts (``key``, ``value``, ``offset``, ...) read ``.record`` and raise
+    ``ValueError`` when the context holds more than one record.
+    """
+
+    __slots__ = ("_records",)
+
+    def __init__(self, records: Sequence[RecordContext]) -> None:
+        self._records = tuple(records)
+
+    @property
+    def records(self) -> tuple[RecordContext, ...]:
+        return self._records
+
+    @property
+    def record(self) -> RecordContext:
+        if len(self._records) != 1:
+            raise ValueError(
+                f"PollContext holds {len(self._records)} records; use .records (batch_size > 1)"
+            )
+        return self._records[0]
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __iter__(self) -> Iterator[RecordContext]:
+        return iter(self._records)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._records[index]
+
+    @property
+    def key(self) -> bytes | None:
+        return self.record.key
+
+    @property
+    def value(self) -> bytes | None:
+        return self.record.value
+
+    @property
+    def headers(self) -> Headers:
+        return self.record.headers
+
+    @property
+    def topic(self) -> str:
+        return self.record.topic
+
+    @property
+    def partition(self) -> int:
+        return self.record.partition
+
+    @property
+    def offset(self) -> int:
+        return self.record.offset
+
+    @property
+    def timestamp(self) -> datetime | None:
+        return self.record.timestamp
+
+    @property
+    def attempts(self) -> int:
+        return self.record.attempts
+
+    @property
+    def last_failure(self) -> BaseException | None:
+        return self.record.last_failure
+
+    @property
+    def last_failure_at(self) -> datetime | None:
+        return self.record.last_failure_at
+
+    def __repr__(self) -> str:
+        if len(self._records) == 1:
+            return f"<PollContext {self._records[0]!r}>"
+        return f"<PollContext {len(self._records)} records>"

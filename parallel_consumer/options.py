@@ -1,0 +1,188 @@
+"""Options: one frozen, keyword-only settings object, validated once at construction.
+
+Everything inside the engine trusts an :class:`Options` instance; nothing re-checks it.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from parallel_consumer.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from parallel_consumer.context import RecordContext
+
+__all__ = [
+    "CommitMode",
+    "InvalidMetadataPolicy",
+    "Options",
+    "ProcessingOrder",
+]
+
+Duration = float | int | timedelta
+
+
+class ProcessingOrder(enum.Enum):
+    """Which records may be processed at the same time.
+
+    - ``KEY``: at most one record per (topic, partition, key) in flight, in offset order.
+    - ``PARTITION``: at most one record per partition in flight, in offset order.
+    - ``UNORDERED``: any record may run at any time; only the committed offset is ordered.
+    """
+
+    KEY = "key"
+    PARTITION = "partition"
+    UNORDERED = "unordered"
+
+
+class CommitMode(enum.Enum):
+    """How offsets (and the offset map in their metadata) are committed."""
+
+    #: The poller sends ``commit(asynchronous=True)``; a partition is clean only once the
+    #: broker's acknowledgement arrives in the commit callback.
+    PERIODIC_CONSUMER_ASYNC = "periodic_consumer_async"
+    #: The poller blocks on ``commit(asynchronous=False)``; the result is known at once.
+    PERIODIC_CONSUMER_SYNC = "periodic_consumer_sync"
+
+
+class InvalidMetadataPolicy(enum.Enum):
+    """What to do when a committed offset carries metadata this library cannot decode."""
+
+    #: Log an error naming the partition and offset, and replay from the committed offset.
+    REPLAY = "replay"
+    #: Stop the consumer with an :class:`~parallel_consumer.errors.InternalError`.
+    FAIL = "fail"
+
+
+def _seconds(name: str, value: object, *, allow_zero: bool = True) -> float:
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ConfigurationError(
+            f"Options.{name} must be seconds (int or float) or a timedelta, got {value!r}"
+        )
+    if (
+        math.isnan(seconds)
+        or math.isinf(seconds)
+        or seconds < 0
+        or (seconds == 0 and not allow_zero)
+    ):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigurationError(f"Options.{name} must be finite and {bound}, got {value!r}")
+    return seconds
+
+
+def _positive_int(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigurationError(f"Options.{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+def _member(name: str, enum_type: type[enum.Enum], value: object) -> Any:
+    if isinstance(value, enum_type):
+        return value
+    if isinstance(value, str):
+        for member in enum_type:
+            if value.lower() in (member.name.lower(), str(member.value).lower()):
+                return member
+    choices = ", ".join(f"{enum_type.__name__}.{m.name}" for m in enum_type)
+    raise ConfigurationError(f"Options.{name} must be one of {choices}; got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Options:
+    """Settings of a :class:`~parallel_consumer.ParallelConsumer`.
+
+    Durations accept seconds (``int``/``float``) or :class:`~datetime.timedelta` and are stored
+    as float seconds. Enum settings also accept their names as strings (``ordering="key"``).
+    """
+
+    #: Which records may run concurrently (see :class:`ProcessingOrder`).
+    ordering: ProcessingOrder = ProcessingOrder.KEY
+    #: How many handler calls may run at once (worker threads of the thread runner).
+    max_concurrency: int = 16
+    #: Records per handler call; the handler receives a PollContext of up to this many records.
+    batch_size: int = 1
+    commit_mode: CommitMode = CommitMode.PERIODIC_CONSUMER_ASYNC
+    #: Time between commits of the offsets (and offset maps) of changed partitions.
+    commit_interval: float = 5.0
+    #: Delay before a failed record is retried, unless ``retry_delay_provider`` or
+    #: ``Retry(delay=...)`` says otherwise.
+    retry_delay: float = 1.0
+    #: Called with the failed record's RecordContext (attempts already counted); returns the
+    #: delay before the next attempt, as seconds or a timedelta.
+    retry_delay_provider: Callable[[RecordContext], Duration] | None = None
+    #: Upper bound on records held by the engine (buffered awaiting processing + in flight).
+    #: ``None`` picks ``max(10_000, 4 * max_concurrency * batch_size)``.
+    max_buffered_records: int | None = None
+    #: The broker's ``offset.metadata.max.bytes``; offset maps larger than this are not sent.
+    max_metadata_bytes: int = 4096
+    #: How long close() waits for in-flight handler calls (and drain) before giving up.
+    shutdown_timeout: float = 10.0
+    #: What to do with committed metadata that cannot be decoded (see InvalidMetadataPolicy).
+    invalid_metadata_policy: InvalidMetadataPolicy = InvalidMetadataPolicy.REPLAY
+    #: Most records the poller takes from the client per ``consume()`` call.
+    fetch_batch_size: int = 500
+    #: Extra per-instance label used in thread names and logs.
+    name: str = field(default="pc")
+
+    def __post_init__(self) -> None:
+        setattr_ = object.__setattr__
+        setattr_(self, "ordering", _member("ordering", ProcessingOrder, self.ordering))
+        setattr_(self, "commit_mode", _member("commit_mode", CommitMode, self.commit_mode))
+        setattr_(
+            self,
+            "invalid_metadata_policy",
+            _member("invalid_metadata_policy", InvalidMetadataPolicy, self.invalid_metadata_policy),
+        )
+        _positive_int("max_concurrency", self.max_concurrency)
+        _positive_int("batch_size", self.batch_size)
+        _positive_int("fetch_batch_size", self.fetch_batch_size)
+        setattr_(
+            self,
+            "commit_interval",
+            _seconds("commit_interval", self.commit_interval, allow_zero=False),
+        )
+        setattr_(self, "retry_delay", _seconds("retry_delay", self.retry_delay))
+        setattr_(self, "shutdown_timeout", _seconds("shutdown_timeout", self.shutdown_timeout))
+        if self.retry_delay_provider is not None and not callable(self.retry_delay_provider):
+            raise ConfigurationError(
+                "Options.retry_delay_provider must be a callable taking a RecordContext, "
+                f"got {self.retry_delay_provider!r}"
+            )
+        in_flight = self.max_concurrency * self.batch_size
+        if self.max_buffered_records is None:
+            setattr_(self, "max_buffered_records", max(10_000, 4 * in_flight))
+        else:
+            _positive_int("max_buffered_records", self.max_buffered_records)
+            if self.max_buffered_records < 2 * in_flight:
+                raise ConfigurationError(
+                    f"Options.max_buffered_records={self.max_buffered_records} must be at least "
+                    f"2 * max_concurrency * batch_size = {2 * in_flight}, so that records can "
+                    "wait while others run; raise it or lower max_concurrency"
+                )
+        if not isinstance(self.max_metadata_bytes, int) or self.max_metadata_bytes < 16:
+            raise ConfigurationError(
+                "Options.max_metadata_bytes must be an int >= 16 (the broker's "
+                f"offset.metadata.max.bytes, 4096 by default), got {self.max_metadata_bytes!r}"
+            )
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigurationError(f"Options.name must be a non-empty string, got {self.name!r}")
+
+    @property
+    def max_in_flight(self) -> int:
+        """Records that may be inside handler calls at once."""
+        return self.max_concurrency * self.batch_size
+
+    @property
+    def buffer_limit(self) -> int:
+        """``max_buffered_records`` after defaults were applied."""
+        assert self.max_buffered_records is not None
+        return self.max_buffered_records

@@ -1,0 +1,37 @@
+"""The one interface between the controller and whatever runs user code.
+
+A runner receives batches (work items plus the PollContext built for them) and reports each
+finished call as a :class:`~parallel_consumer._events.WorkDone` through the ``done`` callback
+it was started with. It owns nothing but the user call: no work state, no Kafka client.
+Thread, asyncio and process runners plug in here without the controller knowing which it drives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from parallel_consumer._events import WorkDone
+from parallel_consumer.context import PollContext
+from parallel_consumer.work.item import WorkItem
+
+__all__ = ["Handler", "Runner"]
+
+Handler = Callable[[PollContext], object]
+
+
+class Runner(Protocol):
+    #: How many handler calls may run at once.
+    capacity: int
+
+    def start(self, handler: Handler, done: Callable[[WorkDone], None]) -> None:
+        """Start workers that call ``handler`` and report through ``done``."""
+        ...
+
+    def submit(self, items: Sequence[WorkItem], context: PollContext) -> None:
+        """Run one handler call. Never blocks; the controller respects ``capacity``."""
+        ...
+
+    def stop(self, timeout: float) -> bool:
+        """Let submitted calls finish, then stop the workers; False if some did not end in time."""
+        ...

@@ -1,0 +1,54 @@
+"""Lifecycle states and the statistics snapshot of a ParallelConsumer."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from parallel_consumer.work.partitions import PartitionSnapshot
+
+__all__ = ["Lifecycle", "PartitionSnapshot", "Statistics"]
+
+
+class Lifecycle(enum.Enum):
+    """Where a ParallelConsumer is in its life. Moves only forward, except PAUSED <-> RUNNING."""
+
+    NEW = "new"  #: constructed, no handler registered yet
+    RUNNING = "running"  #: polling and dispatching
+    PAUSED = "paused"  #: pause(): nothing new dispatched or fetched; in-flight calls finish
+    DRAINING = "draining"  #: close(drain=True): no new fetches; buffered records still run
+    CLOSING = "closing"  #: waiting for in-flight calls, final commit, client close
+    CLOSED = "closed"  #: every thread has ended
+
+
+@dataclass(frozen=True, slots=True)
+class Statistics:
+    """A consistent snapshot taken on the controller thread."""
+
+    lifecycle: Lifecycle
+    #: Records polled and registered for processing (skips of finished records excluded).
+    records_registered: int
+    #: Records skipped because the restored offset map marked them finished.
+    records_skipped: int
+    records_succeeded: int
+    #: Failed handler attempts (each retry that fails counts again).
+    records_failed: int
+    #: Results dropped because their partition was revoked while they ran.
+    results_stale: int
+    #: Records waiting to be dispatched.
+    waiting: int
+    #: Records inside handler calls.
+    in_flight: int
+    #: Records waiting for their retry delay.
+    retry_waiting: int
+    #: Records held by the engine (waiting + in flight + retry waiting): bounded by
+    #: Options.max_buffered_records.
+    held: int
+    shards: int
+    commits_sent: int
+    commits_acknowledged: int
+    commit_failures: int
+    paused_partitions: int
+    #: Partitions whose offset map is near or over the metadata limit (only holes run there).
+    blocked_partitions: int
+    partitions: tuple[PartitionSnapshot, ...]

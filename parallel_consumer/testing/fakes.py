@@ -1,0 +1,313 @@
+"""In-memory test doubles: a fake Kafka cluster and a consumer with confluent-kafka's interface.
+
+For fast unit tests of the engine and of user handlers; integration tests use :class:`LocalKafka`.
+The fake consumer implements only what ParallelConsumer uses (subscribe with rebalance
+callbacks, consume, commit with the ``on_commit`` callback, committed, pause, resume, close) and
+hands out real ``confluent_kafka.Message`` objects. Group membership is explicit: the first
+``consume()`` assigns every partition of the subscribed topics, and :meth:`FakeConsumer.rebalance`
+revokes or assigns partitions on the next ``consume()``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+
+__all__ = ["FakeCluster", "FakeConsumer"]
+
+TP = tuple[str, int]
+
+
+class FakeCluster:
+    """Topics (lists of records per partition) and committed offsets per group. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._logs: dict[str, list[list[Message]]] = {}
+        self._commits: dict[tuple[str, TP], tuple[int, str | None]] = {}
+        self._time_ms = 1_700_000_000_000
+
+    def create_topic(self, name: str, partitions: int = 1) -> None:
+        with self._cond:
+            if name in self._logs:
+                raise ValueError(f"topic {name!r} exists")
+            self._logs[name] = [[] for _ in range(partitions)]
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        *,
+        partition: int | None = None,
+        headers: list[tuple[str, str | bytes | None]] | None = None,
+    ) -> tuple[int, int]:
+        """Append a record; returns (partition, offset). Without a partition, keys hash to one."""
+        with self._cond:
+            logs = self._logs[topic]
+            if partition is None:
+                partition = 0 if key is None else sum(key) % len(logs)
+            log = logs[partition]
+            offset = _offset(log[-1]) + 1 if log else 0
+            self._time_ms += 1
+            log.append(
+                Message(
+                    topic=topic,
+                    partition=partition,
+                    offset=offset,
+                    key=key,
+                    value=value,
+                    headers=headers,
+                    timestamp=(1, self._time_ms),
+                )
+            )
+            self._cond.notify_all()
+            return partition, offset
+
+    def delete_records(self, topic: str, partition: int, offsets: Iterable[int]) -> None:
+        """Remove records, as compaction would (offsets keep their gaps)."""
+        gone = set(offsets)
+        with self._cond:
+            log = self._logs[topic][partition]
+            log[:] = [m for m in log if _offset(m) not in gone]
+
+    def committed(self, group: str, topic: str, partition: int) -> tuple[int, str | None] | None:
+        with self._cond:
+            return self._commits.get((group, (topic, partition)))
+
+    def set_committed(
+        self, group: str, topic: str, partition: int, offset: int, metadata: str | None = None
+    ) -> None:
+        with self._cond:
+            self._commits[(group, (topic, partition))] = (offset, metadata)
+
+    def consumer(self, config: dict[str, Any]) -> FakeConsumer:
+        """A consumer factory: ``ParallelConsumer(config, consumer_factory=cluster.consumer)``."""
+        return FakeConsumer(self, config)
+
+    # -- used by FakeConsumer, under the condition --
+
+    def _topics(self) -> list[str]:
+        return list(self._logs)
+
+    def _partitions(self, topic: str) -> int:
+        return len(self._logs[topic])
+
+    def _read(self, tp: TP, position: int, limit: int) -> list[Message]:
+        log = self._logs[tp[0]][tp[1]]
+        # Logs are short in tests and offsets increase: a scan is fine and keeps gaps honest.
+        out = []
+        for message in log:
+            if _offset(message) >= position:
+                out.append(message)
+                if len(out) >= limit:
+                    break
+        return out
+
+    def _end(self, tp: TP) -> int:
+        log = self._logs[tp[0]][tp[1]]
+        return _offset(log[-1]) + 1 if log else 0
+
+
+class FakeConsumer:
+    """A single group member over a :class:`FakeCluster`, with confluent-kafka's interface."""
+
+    def __init__(self, cluster: FakeCluster, config: dict[str, Any]) -> None:
+        self._cluster = cluster
+        self._cond = cluster._cond
+        self._group = str(config["group.id"])
+        self._on_commit: Callable[[Any, list[TopicPartition]], None] | None = config.get(
+            "on_commit"
+        )
+        self._reset = str(config.get("auto.offset.reset", "earliest"))
+        self._subscription: list[str] = []
+        self._callbacks: dict[str, Callable[..., Any] | None] = {}
+        self._assigned: dict[TP, int] = {}  # tp -> position
+        self._paused: set[TP] = set()
+        self._pending_rebalances: list[tuple[list[TP], list[TP]]] = []
+        self._pending_commit_callbacks: list[tuple[Any, list[TopicPartition]]] = []
+        self._fail_commits = 0
+        self._first_assignment_done = False
+        self._closed = False
+        #: Every commit request received: (tp, offset, metadata). For assertions.
+        self.commit_log: list[tuple[TP, int, str | None]] = []
+
+    # -- test controls (any thread) -----------------------------------------------------------
+
+    def rebalance(self, *, revoke: Iterable[TP] = (), assign: Iterable[TP] = ()) -> None:
+        """Revoke and/or assign partitions during the next ``consume()``."""
+        with self._cond:
+            self._pending_rebalances.append((list(revoke), list(assign)))
+            self._cond.notify_all()
+
+    def fail_next_commits(self, count: int) -> None:
+        """Make the next ``count`` commit requests fail (as a coordinator error would)."""
+        with self._cond:
+            self._fail_commits += count
+
+    def paused(self) -> set[TP]:
+        with self._cond:
+            return set(self._paused)
+
+    # -- the confluent_kafka.Consumer subset --------------------------------------------------
+
+    def subscribe(
+        self,
+        topics: list[str],
+        on_assign: Callable[..., Any] | None = None,
+        on_revoke: Callable[..., Any] | None = None,
+        on_lost: Callable[..., Any] | None = None,
+    ) -> None:
+        self._subscription = list(topics)
+        self._callbacks = {"assign": on_assign, "revoke": on_revoke, "lost": on_lost}
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        self._check_open()
+        self._serve_callbacks()
+        deadline = time.monotonic() + (timeout if timeout >= 0 else 3600.0)
+        with self._cond:
+            while True:
+                out = self._fetch(num_messages)
+                if out or self._pending_rebalances or self._pending_commit_callbacks:
+                    return out
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return []
+                self._cond.wait(remaining)
+
+    def commit(
+        self, offsets: list[TopicPartition] | None = None, asynchronous: bool = True
+    ) -> list[TopicPartition] | None:
+        self._check_open()
+        with self._cond:
+            requested = list(offsets or [])
+            for tp in requested:
+                self.commit_log.append(((tp.topic, tp.partition), tp.offset, tp.metadata))
+            if self._fail_commits:
+                self._fail_commits -= 1
+                error = KafkaError(KafkaError.REQUEST_TIMED_OUT, "injected commit failure")
+                if not asynchronous:
+                    raise KafkaException(error)
+                self._pending_commit_callbacks.append((error, requested))
+                self._cond.notify_all()
+                return None
+            for tp in requested:
+                self._cluster._commits[(self._group, (tp.topic, tp.partition))] = (
+                    tp.offset,
+                    tp.metadata,
+                )
+            if asynchronous:
+                self._pending_commit_callbacks.append((None, requested))
+                self._cond.notify_all()
+                return None
+            return requested
+
+    def committed(self, partitions: list[TopicPartition], timeout: float = -1) -> list[Any]:
+        with self._cond:
+            out = []
+            for p in partitions:
+                found = self._cluster._commits.get((self._group, (p.topic, p.partition)))
+                if found is None:
+                    out.append(TopicPartition(p.topic, p.partition, -1001))
+                else:
+                    out.append(TopicPartition(p.topic, p.partition, found[0], found[1]))
+            return out
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        with self._cond:
+            self._paused.update((p.topic, p.partition) for p in partitions)
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        with self._cond:
+            self._paused.difference_update((p.topic, p.partition) for p in partitions)
+            self._cond.notify_all()
+
+    def assignment(self) -> list[TopicPartition]:
+        with self._cond:
+            return [TopicPartition(t, p) for t, p in self._assigned]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        with self._cond:
+            revoked = list(self._assigned)
+        if revoked:
+            self._call("revoke", revoked)
+        with self._cond:
+            self._assigned.clear()
+            self._closed = True
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("FakeConsumer is closed")
+
+    def _serve_callbacks(self) -> None:
+        with self._cond:
+            commits, self._pending_commit_callbacks = self._pending_commit_callbacks, []
+            rebalances, self._pending_rebalances = self._pending_rebalances, []
+            if not self._first_assignment_done and self._subscription:
+                self._first_assignment_done = True
+                rebalances.insert(0, ([], self._subscribed_partitions()))
+        for error, partitions in commits:
+            if self._on_commit is not None:
+                self._on_commit(error, partitions)
+        for revoke, assign in rebalances:
+            if revoke:
+                self._call("revoke", revoke)
+                with self._cond:
+                    for tp in revoke:
+                        self._assigned.pop(tp, None)
+                        self._paused.discard(tp)
+            if assign:
+                with self._cond:
+                    for tp in assign:
+                        self._assigned[tp] = self._start_position(tp)
+                self._call("assign", assign)
+
+    def _call(self, name: str, tps: list[TP]) -> None:
+        callback = self._callbacks.get(name)
+        if callback is not None:
+            callback(self, [TopicPartition(t, p) for t, p in tps])
+
+    def _subscribed_partitions(self) -> list[TP]:
+        out: list[TP] = []
+        for topic in self._cluster._topics():
+            if any(
+                (pattern.startswith("^") and re.match(pattern, topic)) or pattern == topic
+                for pattern in self._subscription
+            ):
+                out.extend((topic, p) for p in range(self._cluster._partitions(topic)))
+        return out
+
+    def _start_position(self, tp: TP) -> int:
+        found = self._cluster._commits.get((self._group, tp))
+        if found is not None:
+            return found[0]
+        return 0 if self._reset in ("earliest", "smallest", "beginning") else self._cluster._end(tp)
+
+    def _fetch(self, limit: int) -> list[Message]:
+        out: list[Message] = []
+        for tp, position in self._assigned.items():
+            if tp in self._paused or len(out) >= limit:
+                continue
+            got = self._cluster._read(tp, position, limit - len(out))
+            if got:
+                self._assigned[tp] = _offset(got[-1]) + 1
+                out.extend(got)
+        return out
+
+    def __repr__(self) -> str:
+        return f"<FakeConsumer group={self._group} assigned={len(self._assigned)}>"
+
+
+def _offset(message: Message) -> int:
+    offset = message.offset()
+    assert offset is not None
+    return offset

@@ -1,0 +1,234 @@
+"""PartitionState: which offsets of one assigned partition are finished, and what to commit.
+
+One object per assignment: a revoke throws it away and a new assignment makes a new one with a
+new epoch, so results of the old assignment can be recognised as stale.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sortedcontainers import SortedList
+
+from parallel_consumer.work.item import TopicPartition
+
+__all__ = ["PartitionSnapshot", "PartitionState"]
+
+log = logging.getLogger("parallel_consumer")
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionSnapshot:
+    """Statistics of one assigned partition."""
+
+    topic: str
+    partition: int
+    epoch: int
+    incomplete: int
+    highest_seen: int
+    highest_succeeded: int
+    committed_offset: int | None
+    dirty: bool
+    blocked: bool
+    metadata_size: int
+    metadata_status: str
+
+
+class PartitionState:
+    """Processing state of one assigned partition. Owned by the controller thread.
+
+    ``incomplete`` holds every offset that was polled (or restored from the committed offset
+    map) and has not succeeded. Offsets below ``highest_seen`` that are not in it are finished,
+    including gaps left by compaction and transaction markers.
+    """
+
+    def __init__(
+        self,
+        tp: TopicPartition,
+        epoch: int,
+        *,
+        committed_offset: int | None = None,
+        restored_incomplete: Sequence[int] = (),
+        restored_highest: int = -1,
+    ) -> None:
+        self.tp = tp
+        self.epoch = epoch
+        self.incomplete: SortedList[int] = SortedList(restored_incomplete)
+        #: Restored incomplete offsets that no poll has delivered yet.
+        self._unpolled: SortedList[int] = SortedList(restored_incomplete)
+        self.highest_seen = restored_highest
+        self.highest_succeeded = restored_highest
+        #: Offsets at or below this that are not incomplete were finished before a restart.
+        self._restored_highest = restored_highest
+        self._highest_polled = -1
+        self._bootstrap = True
+        self.committed_offset = committed_offset
+        #: Bumped on every change that alters what would be committed.
+        self.version = 0
+        self._clean_version = 0
+        #: Commits sent and not yet acknowledged: (offset, metadata) -> version they captured.
+        self.pending_commits: dict[tuple[int, str], int] = {}
+        #: Offset map too large: only records below ``highest_succeeded`` may run.
+        self.blocked = False
+        self.metadata_size = 0
+        self.metadata_status = "fits"
+
+    # -- records ------------------------------------------------------------------------------
+
+    def accept(self, messages: Sequence[Any]) -> list[Any]:
+        """Register a polled batch of this partition (offset order); return the records to run.
+
+        Records the restored offset map marks finished, and records already registered, are
+        left out. The first batch after assignment and every batch over restored offsets also
+        repair the state for truncation, compaction and offset resets.
+        """
+        if not messages:
+            return []
+        first = messages[0].offset()
+        last = messages[-1].offset()
+        if self._bootstrap:
+            self._bootstrap = False
+            self._check_start(first)
+        if self._unpolled:
+            self._prune_gaps(first, last, messages)
+        fresh: list[Any] = []
+        incomplete = self.incomplete
+        for message in messages:
+            offset = message.offset()
+            if offset <= self._highest_polled:
+                continue  # delivered twice (a retried fetch); already registered
+            self._highest_polled = offset
+            if offset <= self._restored_highest:
+                if offset not in incomplete:
+                    continue  # finished before the restart
+                self._unpolled.discard(offset)
+            else:
+                incomplete.add(offset)
+            fresh.append(message)
+        if last > self.highest_seen:
+            self.highest_seen = last
+        return fresh
+
+    def _check_start(self, first: int) -> None:
+        expected = self.offset_to_commit()
+        if first > expected:
+            gone = list(self.incomplete.irange(maximum=first - 1))
+            if gone:
+                log.warning(
+                    "%s[%d]: first polled offset %d is above the committed position %d "
+                    "(retention, compaction or an offset reset); forgetting %d unfinished "
+                    "offsets below it",
+                    *self.tp,
+                    first,
+                    expected,
+                    len(gone),
+                )
+                for offset in gone:
+                    self.incomplete.remove(offset)
+                    self._unpolled.discard(offset)
+                self._changed()
+        elif first < expected:
+            log.warning(
+                "%s[%d]: first polled offset %d is below the committed position %d (the offset "
+                "was rewound); the restored offset map no longer applies and everything from "
+                "%d is processed",
+                *self.tp,
+                first,
+                expected,
+                first,
+            )
+            self.incomplete.clear()
+            self._unpolled.clear()
+            self._restored_highest = -1
+            self.highest_seen = first - 1
+            self.highest_succeeded = first - 1
+            self._changed()
+
+    def _prune_gaps(self, first: int, last: int, messages: Sequence[Any]) -> None:
+        missing = list(self._unpolled.irange(first, last))
+        if not missing:
+            return
+        present = {m.offset() for m in messages}
+        for offset in missing:
+            if offset not in present:
+                # Inside a contiguous fetch and absent: compacted away or a transaction marker.
+                self._unpolled.remove(offset)
+                self.incomplete.remove(offset)
+                self._changed()
+
+    def succeeded(self, offset: int) -> None:
+        self.incomplete.discard(offset)
+        if offset > self.highest_succeeded:
+            self.highest_succeeded = offset
+        self._changed()
+        if self.blocked and not self._has_holes():
+            self.blocked = False
+
+    def _has_holes(self) -> bool:
+        return bool(self.incomplete) and self.incomplete[0] < self.highest_succeeded
+
+    # -- commits ------------------------------------------------------------------------------
+
+    def offset_to_commit(self) -> int:
+        if self.incomplete:
+            return int(self.incomplete[0])
+        return self.highest_succeeded + 1
+
+    @property
+    def dirty(self) -> bool:
+        return self.version != self._clean_version
+
+    def _changed(self) -> None:
+        self.version += 1
+
+    def commit_sent(self, offset: int, metadata: str) -> None:
+        self.pending_commits[(offset, metadata)] = self.version
+
+    def commit_acknowledged(self, offset: int, metadata: str | None, ok: bool) -> bool:
+        """The broker answered a commit; returns False if no such commit was pending."""
+        version = self.pending_commits.pop((offset, metadata or ""), None)
+        if version is None:
+            # The callback may not echo metadata: match on the offset alone.
+            for pending_offset, pending_metadata in list(self.pending_commits):
+                if pending_offset == offset:
+                    version = self.pending_commits.pop((pending_offset, pending_metadata))
+                    break
+        if version is None:
+            return False
+        if ok:
+            if self.committed_offset is None or offset >= self.committed_offset:
+                self.committed_offset = offset
+            if version >= self._clean_version and version == self.version:
+                self._clean_version = version
+        return True
+
+    def commit_pending(self, offset: int, metadata: str) -> bool:
+        return (offset, metadata) in self.pending_commits
+
+    # -- views --------------------------------------------------------------------------------
+
+    def snapshot(self) -> PartitionSnapshot:
+        return PartitionSnapshot(
+            topic=self.tp[0],
+            partition=self.tp[1],
+            epoch=self.epoch,
+            incomplete=len(self.incomplete),
+            highest_seen=self.highest_seen,
+            highest_succeeded=self.highest_succeeded,
+            committed_offset=self.committed_offset,
+            dirty=self.dirty,
+            blocked=self.blocked,
+            metadata_size=self.metadata_size,
+            metadata_status=self.metadata_status,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<PartitionState {self.tp[0]}[{self.tp[1]}] epoch={self.epoch} "
+            f"incomplete={len(self.incomplete)} succeeded<={self.highest_succeeded} "
+            f"committed={self.committed_offset} {'dirty' if self.dirty else 'clean'}"
+            f"{' blocked' if self.blocked else ''}>"
+        )

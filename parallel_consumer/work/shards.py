@@ -1,0 +1,193 @@
+"""Shards: the queues that carry the ordering guarantee, and the ready queue that picks fairly.
+
+A shard is one ordering lane: (topic, partition, key) for KEY, the partition for PARTITION and
+UNORDERED. KEY and PARTITION shards hand out only their head, and only while nothing else of the
+shard is in flight or waiting for a retry; UNORDERED shards hand out any waiting record.
+
+Choosing the next record is O(1) amortised: shards with selectable work sit in a ready queue
+(round-robin: a shard that still has work after giving one record goes to the back), instead of
+scanning every shard after every completion.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+
+from parallel_consumer.options import ProcessingOrder
+from parallel_consumer.work.item import TopicPartition, WorkItem
+
+__all__ = ["Shard", "ShardMap", "shard_key_for"]
+
+
+def shard_key_for(ordering: ProcessingOrder, tp: TopicPartition, key: bytes | None) -> object:
+    """The shard a record belongs to. Null keys of one partition share one KEY shard."""
+    if ordering is ProcessingOrder.KEY:
+        return (tp[0], tp[1], key)
+    return tp
+
+
+class Shard:
+    """One ordering lane. Owned by the controller thread (through its ShardMap)."""
+
+    __slots__ = ("busy", "key", "queue", "removed", "scheduled", "tp")
+
+    def __init__(self, key: object, tp: TopicPartition) -> None:
+        self.key = key
+        self.tp = tp
+        #: Records waiting for dispatch, in offset order (a due retry goes back to the front).
+        self.queue: deque[WorkItem] = deque()
+        #: Records of this shard in flight or waiting for their retry delay.
+        self.busy = 0
+        #: True while the shard sits in the ready queue or is parked.
+        self.scheduled = False
+        self.removed = False
+
+    def __repr__(self) -> str:
+        return f"<Shard {self.key!r} waiting={len(self.queue)} busy={self.busy}>"
+
+
+class ShardMap:
+    """All shards of the assigned partitions, and the ready queue over them.
+
+    Owned by the controller thread. The controller tells it about every state change of a
+    record (added, taken, finished, waiting for retry, due again) and asks it for the next
+    record to run.
+    """
+
+    def __init__(self, ordering: ProcessingOrder) -> None:
+        self._ordering = ordering
+        self._ordered = ordering is not ProcessingOrder.UNORDERED
+        self._shards: dict[object, Shard] = {}
+        self._by_tp: dict[TopicPartition, set[object]] = {}
+        self._ready: deque[Shard] = deque()
+        self._parked: dict[TopicPartition, list[Shard]] = {}
+        #: Records waiting for dispatch, per partition (the back-pressure input).
+        self.waiting_by_tp: dict[TopicPartition, int] = {}
+        self.waiting = 0
+
+    # -- registration -------------------------------------------------------------------------
+
+    def add(self, item: WorkItem) -> None:
+        shard = self._shards.get(item.shard_key)
+        if shard is None:
+            shard = Shard(item.shard_key, item.tp)
+            self._shards[item.shard_key] = shard
+            self._by_tp.setdefault(item.tp, set()).add(item.shard_key)
+        shard.queue.append(item)
+        self._count_waiting(item.tp, 1)
+        self._schedule(shard)
+
+    def remove_partition(self, tp: TopicPartition) -> int:
+        """Forget every shard of ``tp`` (revoked); returns how many waiting records were dropped."""
+        dropped = 0
+        for key in self._by_tp.pop(tp, ()):
+            shard = self._shards.pop(key)
+            shard.removed = True
+            dropped += len(shard.queue)
+            shard.queue.clear()
+        self._parked.pop(tp, None)
+        self.waiting -= self.waiting_by_tp.pop(tp, 0)
+        return dropped
+
+    # -- selection ----------------------------------------------------------------------------
+
+    def take(self, blocked: Mapping[TopicPartition, int]) -> WorkItem | None:
+        """The next record to run, round-robin across shards, or None.
+
+        ``blocked`` maps partitions whose offset map is too large to the highest succeeded
+        offset: only records below it (holes that shrink the map) may run there. Shards whose
+        head is not such a hole are parked until :meth:`unpark`.
+        """
+        ready = self._ready
+        while ready:
+            shard = ready.popleft()
+            shard.scheduled = False
+            if shard.removed or not shard.queue or (self._ordered and shard.busy):
+                continue
+            head = shard.queue[0]
+            limit = blocked.get(shard.tp)
+            if limit is not None and head.offset >= limit:
+                shard.scheduled = True
+                self._parked.setdefault(shard.tp, []).append(shard)
+                continue
+            shard.queue.popleft()
+            shard.busy += 1
+            head.in_flight = True
+            self._count_waiting(shard.tp, -1)
+            self._schedule(shard)
+            return head
+        return None
+
+    def unpark(self, tp: TopicPartition) -> None:
+        """The partition is no longer blocked: its parked shards compete again."""
+        for shard in self._parked.pop(tp, ()):
+            shard.scheduled = False
+            self._schedule(shard)
+
+    # -- outcomes -----------------------------------------------------------------------------
+
+    def finished(self, item: WorkItem) -> None:
+        """``item`` succeeded (or was given up on): the shard's next record may run."""
+        shard = self._shards.get(item.shard_key)
+        item.in_flight = False
+        if shard is None:
+            return
+        shard.busy -= 1
+        if not shard.queue and not shard.busy:
+            self._drop(shard)
+        else:
+            self._schedule(shard)
+
+    def retry_later(self, item: WorkItem) -> None:
+        """``item`` failed and waits for its delay; meanwhile it keeps its shard busy."""
+        item.in_flight = False
+
+    def retry_now(self, item: WorkItem) -> None:
+        """``item``'s retry delay has passed: it goes back to the front of its shard."""
+        shard = self._shards.get(item.shard_key)
+        if shard is None:
+            return
+        shard.busy -= 1
+        shard.queue.appendleft(item)
+        self._count_waiting(item.tp, 1)
+        self._schedule(shard)
+
+    # -- views --------------------------------------------------------------------------------
+
+    def has_ready(self) -> bool:
+        return bool(self._ready)
+
+    def waiting_items(self) -> Iterable[WorkItem]:
+        for shard in self._shards.values():
+            yield from shard.queue
+
+    def __len__(self) -> int:
+        return len(self._shards)
+
+    def __repr__(self) -> str:
+        return (
+            f"<ShardMap {self._ordering.name} shards={len(self._shards)} "
+            f"ready={len(self._ready)} waiting={self.waiting}>"
+        )
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _schedule(self, shard: Shard) -> None:
+        if shard.scheduled or shard.removed or not shard.queue:
+            return
+        if self._ordered and shard.busy:
+            return
+        shard.scheduled = True
+        self._ready.append(shard)
+
+    def _drop(self, shard: Shard) -> None:
+        shard.removed = True
+        del self._shards[shard.key]
+        keys = self._by_tp.get(shard.tp)
+        if keys is not None:
+            keys.discard(shard.key)
+
+    def _count_waiting(self, tp: TopicPartition, delta: int) -> None:
+        self.waiting += delta
+        self.waiting_by_tp[tp] = self.waiting_by_tp.get(tp, 0) + delta
