@@ -7,7 +7,7 @@ to run, this module only does it.
 from __future__ import annotations
 
 import contextlib
-import os
+import re
 import signal
 import socket
 import subprocess
@@ -57,18 +57,29 @@ def check_port_free(port: int, *, what: str) -> None:
             ) from exc
 
 
+_ERROR_LINE = re.compile(r"\b(ERROR|FATAL)\b|Exception|error:", re.IGNORECASE)
+
+
 def log_tail(path: Path, lines: int = 25) -> str:
-    """The last ``lines`` lines of a log file, or a note that there is none."""
+    """The first error line and the last ``lines`` lines of a log, indented, for error messages.
+
+    The first error is usually the cause; the tail is often a stack trace or the shutdown after it.
+    """
     try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 64 * 1024))
-            text = f.read().decode("utf-8", errors="replace")
+        text = path.read_bytes()[-256 * 1024 :].decode("utf-8", errors="replace")
     except OSError:
-        return "(no log written)"
-    tail = text.splitlines()[-lines:]
-    return "\n".join("    " + line for line in tail) or "(log is empty)"
+        return "    (no log written)"
+    all_lines = text.splitlines()
+    if not all_lines:
+        return "    (log is empty)"
+    tail = all_lines[-lines:]
+    first = next((i for i, line in enumerate(all_lines) if _ERROR_LINE.search(line)), None)
+    head = []
+    if first is not None and first < len(all_lines) - lines:
+        # The error line and the two after it: usually the exception and its message.
+        cause = all_lines[first : min(first + 3, len(all_lines) - lines)]
+        head = ["    first error:", *("    " + line for line in cause), "    ..."]
+    return "\n".join(head + ["    " + line for line in tail])
 
 
 class BrokerProcess:

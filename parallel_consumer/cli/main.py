@@ -1,0 +1,117 @@
+"""``pc``: operator and developer commands for parallel_consumer.
+
+``pc kafka start`` runs a local broker until Ctrl-C; ``pc kafka resolve`` fills the broker jar
+cache. ``pc offsets`` and ``pc dlq`` are announced but not implemented yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from parallel_consumer.testing import _apache_kafka
+from parallel_consumer.testing.local_kafka import DEFAULT_KAFKA_VERSION, LocalKafka, LocalKafkaError
+
+__all__ = ["main"]
+
+_COMING = {
+    "offsets": "inspect and reset committed offsets and their offset maps",
+    "dlq": "inspect and redrive dead-letter topics",
+}
+
+
+def _config_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    return key.strip(), value.strip()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pc", description="parallel_consumer tools")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    kafka = commands.add_parser("kafka", help="run a local Kafka broker for development and tests")
+    kafka_commands = kafka.add_subparsers(dest="kafka_command", required=True, metavar="ACTION")
+    start = kafka_commands.add_parser("start", help="start a broker; stop it with Ctrl-C")
+    start.add_argument("--backend", choices=["auto", "apache", "tansu"], default="auto")
+    start.add_argument("--port", type=int, default=None, help="client port (default: a free one)")
+    start.add_argument("--version", default=DEFAULT_KAFKA_VERSION, help="Apache Kafka version")
+    start.add_argument(
+        "--config",
+        type=_config_pair,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a server.properties entry (apache backend; repeatable)",
+    )
+    resolve = kafka_commands.add_parser(
+        "resolve", help="download the broker jars with Maven into the cache (once)"
+    )
+    resolve.add_argument("--version", default=DEFAULT_KAFKA_VERSION, help="Apache Kafka version")
+
+    for name, what in _COMING.items():
+        commands.add_parser(name, help=f"(coming) {what}")
+    return parser
+
+
+def _kafka_start(args: argparse.Namespace) -> int:
+    broker = LocalKafka(
+        backend=args.backend, version=args.version, port=args.port, broker_config=dict(args.config)
+    )
+    try:
+        broker.start()  # Ctrl-C here raises KeyboardInterrupt; start() stops what it began
+    except KeyboardInterrupt:
+        return 130
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        print(broker.bootstrap_servers, flush=True)
+        print(
+            f"{broker.backend} {broker.version} ready in {broker.start_seconds:.1f} s; "
+            f"log: {broker.log_path}; Ctrl-C stops it.",
+            file=sys.stderr,
+            flush=True,
+        )
+        while not stop.wait(0.5):
+            if not broker.running:
+                print(f"the broker exited; see {broker.log_path}", file=sys.stderr)
+                return 1
+        print("stopping", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        broker.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``pc``; returns the exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "kafka" and args.kafka_command == "start":
+            return _kafka_start(args)
+        if args.command == "kafka" and args.kafka_command == "resolve":
+            lib = _apache_kafka.resolve_jars(args.version)
+            print(lib)
+            return 0
+    except LocalKafkaError as exc:
+        print(f"pc: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"pc {args.command}: coming soon ({_COMING[args.command]}); not implemented yet.",
+        file=sys.stderr,
+    )
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

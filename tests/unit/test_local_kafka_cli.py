@@ -1,0 +1,35 @@
+"""The ``pc`` and ``pc-bench`` command lines, without starting a broker."""
+
+from __future__ import annotations
+
+import pytest
+
+from parallel_consumer.cli import bench, main
+
+
+@pytest.mark.parametrize("command", ["offsets", "dlq"])
+def test_announced_commands_say_they_are_coming_and_exit_2(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main.main([command]) == 2
+    assert "coming soon" in capsys.readouterr().err
+
+
+def test_config_overrides_must_be_key_value(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main.main(["kafka", "start", "--config", "no-equals-sign"])
+    assert exited.value.code == 2
+    assert "expected key=value" in capsys.readouterr().err
+
+
+def test_kafka_start_reports_a_broker_error_and_exits_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert main.main(["kafka", "start", "--backend", "apache"]) == 1
+    assert "Java was not found" in capsys.readouterr().err
+
+
+def test_bench_points_at_the_benchmarks_folder(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main([]) == 0
+    assert "benchmarks/" in capsys.readouterr().err
