@@ -1,0 +1,233 @@
+"""Encode and decode the offset map carried in a commit's metadata, byte-compatible with Java.
+
+The payload is ``[magic byte][encoder data]``, the encoder data zstd-compressed for the
+``*_COMPRESSED`` kinds, and the whole payload is standard base64 with ``=`` padding. The committed
+Kafka offset is the *base*: relative offset ``r`` in the map is Kafka offset ``base + r``.
+"""
+
+from __future__ import annotations
+
+import binascii
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from parallel_consumer.offsets import _zstd
+from parallel_consumer.offsets._ranges import HAS_NUMPY, RangeEncoder, range_encoder
+from parallel_consumer.offsets.bitset import decode_bitset, encoded_bitset_size
+from parallel_consumer.offsets.encoding import OffsetEncoding
+from parallel_consumer.offsets.errors import KafkaStreamsMetadataError, OffsetDecodeError
+from parallel_consumer.offsets.run_length import decode_run_length
+
+__all__ = [
+    "LARGE_ENCODED_SIZE_THRESHOLD_BYTES",
+    "MAX_DECODED_INCOMPLETES",
+    "DecodedOffsetMap",
+    "EncodedOffsetMap",
+    "decode_offset_map",
+    "encode_offset_map",
+]
+
+#: Java compresses only when no plain encoding is under this size; we compress whenever it can win.
+LARGE_ENCODED_SIZE_THRESHOLD_BYTES = 200
+#: Decoding refuses maps with more incomplete offsets than this (hostile lengths, zstd bombs).
+MAX_DECODED_INCOMPLETES = 1 << 20
+
+_MAX_OFFSET = 2**63 - 1
+_KAFKA_STREAMS = frozenset({OffsetEncoding.KAFKA_STREAMS, OffsetEncoding.KAFKA_STREAMS_V2})
+
+# Tie-break among equal sizes, best first: plain before compressed (cheaper to read), v1 before v2
+# (readable by the oldest Java releases), BitSet before RunLength.
+_PREFERENCE = (
+    OffsetEncoding.BIT_SET,
+    OffsetEncoding.RUN_LENGTH,
+    OffsetEncoding.BIT_SET_V2,
+    OffsetEncoding.RUN_LENGTH_V2,
+    OffsetEncoding.BIT_SET_COMPRESSED,
+    OffsetEncoding.RUN_LENGTH_COMPRESSED,
+    OffsetEncoding.BIT_SET_V2_COMPRESSED,
+    OffsetEncoding.RUN_LENGTH_V2_COMPRESSED,
+)
+_RANK = {encoding: rank for rank, encoding in enumerate(_PREFERENCE)}
+_COMPRESSED = {encoding.plain: encoding for encoding in _PREFERENCE if encoding.compressed}
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedOffsetMap:
+    """An encoded offset map, ready to commit as ``OffsetAndMetadata(base, metadata)``.
+
+    ``size`` is ``len(metadata)``: what the broker's ``offset.metadata.max.bytes`` applies to.
+    """
+
+    metadata: str
+    encoding: OffsetEncoding
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedOffsetMap:
+    """What a committed offset and its metadata say about a partition.
+
+    ``incomplete`` is a sorted tuple (ascending, no duplicates): it comes out of the decoders in
+    order for free and feeds a ``SortedList`` directly. Every offset in ``[base, highest_seen]``
+    that is not in it was processed successfully and must be skipped when it is polled again.
+    ``encoding`` is None when the metadata was empty.
+    """
+
+    base: int
+    highest_seen: int
+    incomplete: tuple[int, ...]
+    encoding: OffsetEncoding | None
+
+
+def encode_offset_map(
+    base_offset: int,
+    highest_succeeded: int,
+    incomplete_offsets: Iterable[int],
+    *,
+    force: OffsetEncoding | None = None,
+) -> EncodedOffsetMap | None:
+    """Encode the range ``[base_offset, H]`` as Java's ``OffsetSimultaneousEncoder`` would.
+
+    ``incomplete_offsets`` must be sorted ascending without duplicates; only those in
+    ``[base_offset, highest_succeeded)`` are encoded, every other offset of the range counts as
+    complete. ``H`` is ``highest_succeeded`` adjusted like Java: ``-1`` becomes ``base_offset``
+    and anything below ``base_offset - 1`` becomes ``base_offset - 1`` (an empty range).
+
+    Without ``force`` every plain encoding that fits its length fields is a candidate, and so is
+    the zstd-compressed form of each whenever it could be smaller (a superset of Java's "compress
+    when nothing is under 200 bytes"). The smallest payload wins; ties go to the first of
+    ``BIT_SET, RUN_LENGTH, BIT_SET_V2, RUN_LENGTH_V2`` and then their compressed forms in that
+    order. With ``force`` only that encoding is tried. Returns None when nothing can encode the
+    range (v1 and v2 length fields all overflow).
+    """
+    return _encode(base_offset, highest_succeeded, incomplete_offsets, force, use_numpy=HAS_NUMPY)
+
+
+def _encode(
+    base_offset: int,
+    highest_succeeded: int,
+    incomplete_offsets: Iterable[int],
+    force: OffsetEncoding | None,
+    *,
+    use_numpy: bool,
+) -> EncodedOffsetMap | None:
+    """:func:`encode_offset_map` with the kernel chosen by the caller (tests compare both)."""
+    if force is not None and force not in _RANK:
+        raise ValueError(f"cannot encode with {force.name}: it is not a decodable encoding")
+    if base_offset < 0:
+        raise ValueError(f"base_offset must be >= 0, got {base_offset}")
+    high = base_offset if highest_succeeded == -1 else highest_succeeded
+    high = max(high, base_offset - 1)
+    length = high - base_offset + 1
+    plan = _Candidates(
+        length,
+        range_encoder(
+            base_offset, highest_succeeded, length, incomplete_offsets, use_numpy=use_numpy
+        ),
+    )
+    if force is not None:
+        data = plan.data(force.plain)
+        if data is not None and force.compressed:
+            data = _zstd.compress(data)
+        return None if data is None else _wrap(force, data)
+    return plan.smallest()
+
+
+def decode_offset_map(committed_offset: int, metadata: str) -> DecodedOffsetMap:
+    """Decode a committed offset and its metadata string (any decodable encoding, Java's or ours).
+
+    Empty metadata means no map: ``highest_seen = committed_offset - 1`` and nothing incomplete.
+    Raises :class:`KafkaStreamsMetadataError` for Kafka Streams metadata and
+    :class:`OffsetDecodeError` for anything else malformed.
+    """
+    if committed_offset < 0:
+        raise OffsetDecodeError(f"committed offset must be >= 0, got {committed_offset}")
+    if not metadata:
+        return DecodedOffsetMap(committed_offset, committed_offset - 1, (), None)
+    payload = _b64decode(metadata)
+    encoding = OffsetEncoding.from_magic(payload[0])
+    if encoding is None:
+        raise OffsetDecodeError(f"unknown offset map magic byte 0x{payload[0]:02X}")
+    if encoding in _KAFKA_STREAMS:
+        raise KafkaStreamsMetadataError(
+            f"committed metadata was written by Kafka Streams ({encoding.name}), not an offset map"
+        )
+    if not encoding.decodable:
+        raise OffsetDecodeError(f"{encoding.name} offset maps cannot be decoded (as in Java)")
+    data = payload[1:]
+    if encoding.compressed:
+        data = _zstd.decompress(data)
+    decode = decode_bitset if encoding.is_bitset else decode_run_length
+    highest_seen, incomplete = decode(
+        data, encoding.version, committed_offset, max_incompletes=MAX_DECODED_INCOMPLETES
+    )
+    if highest_seen > _MAX_OFFSET:
+        raise OffsetDecodeError(f"offset map ends beyond the largest Kafka offset: {highest_seen}")
+    return DecodedOffsetMap(committed_offset, highest_seen, incomplete, encoding)
+
+
+class _Candidates:
+    """The candidate payloads of one range; each plain form is built at most once, when needed."""
+
+    def __init__(self, length: int, ranges: RangeEncoder) -> None:
+        self._length = length
+        self._ranges = ranges
+        self._built: dict[OffsetEncoding, bytes | None] = {}
+
+    def size(self, encoding: OffsetEncoding) -> int | None:
+        if encoding.is_bitset:
+            return encoded_bitset_size(self._length, encoding.version)
+        return self._ranges.run_length_size(encoding.version)
+
+    def data(self, encoding: OffsetEncoding) -> bytes | None:
+        if encoding not in self._built:
+            if encoding.is_bitset:
+                self._built[encoding] = self._ranges.bitset(encoding.version)
+            else:
+                self._built[encoding] = self._ranges.run_length(encoding.version)
+        return self._built[encoding]
+
+    def smallest(self) -> EncodedOffsetMap | None:
+        # Sizes of the plain forms are known without building them.
+        sized = [(size, _RANK[e], e) for e in _PREFERENCE[:4] if (size := self.size(e)) is not None]
+        if not sized:
+            return None
+        sized.sort()
+        best_size, best_rank, best = sized[0]
+        best_data: bytes | None = None
+        # Compress from the smallest plain form up, skipping any whose best possible frame
+        # could not beat (or tie with a better rank than) the current winner.
+        for size, _, plain in sized:
+            compressed = _COMPRESSED[plain]
+            floor = _zstd.min_frame_size(size)
+            if (floor, _RANK[compressed]) > (best_size, best_rank):
+                continue
+            frame = _zstd.compress(_require(self.data(plain)))
+            if (len(frame), _RANK[compressed]) < (best_size, best_rank):
+                best_size, best_rank = len(frame), _RANK[compressed]
+                best, best_data = compressed, frame
+        if best_data is None:
+            best_data = _require(self.data(best))
+        return _wrap(best, best_data)
+
+
+def _require(data: bytes | None) -> bytes:
+    assert data is not None, "a sized candidate always builds"
+    return data
+
+
+def _wrap(encoding: OffsetEncoding, data: bytes) -> EncodedOffsetMap:
+    metadata = binascii.b2a_base64(bytes((encoding.magic,)) + data, newline=False).decode("ascii")
+    return EncodedOffsetMap(metadata, encoding, len(metadata))
+
+
+def _b64decode(metadata: str) -> bytes:
+    # Java's decoder accepts missing padding; strict mode rejects everything else it rejects.
+    padded = metadata + "=" * (-len(metadata) % 4)
+    try:
+        payload = binascii.a2b_base64(padded, strict_mode=True)
+    except (binascii.Error, ValueError) as exc:
+        raise OffsetDecodeError(f"offset metadata is not valid base64: {exc}") from exc
+    if not payload:
+        raise OffsetDecodeError("offset metadata decodes to an empty payload")
+    return payload
