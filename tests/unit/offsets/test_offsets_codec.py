@@ -1,0 +1,346 @@
+"""Unit tests of the offset-map codec: byte layouts from the Java library and malformed input."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+import zstandard
+from bitarray import bitarray
+
+from parallel_consumer.errors import ParallelConsumerError
+from parallel_consumer.offsets import (
+    MAX_DECODED_INCOMPLETES,
+    KafkaStreamsMetadataError,
+    OffsetDecodeError,
+    OffsetEncoding,
+    decode_offset_map,
+    encode_offset_map,
+)
+from parallel_consumer.offsets.bitset import decode_bitset, encode_bitset
+from parallel_consumer.offsets.codec import _encode
+from parallel_consumer.offsets.run_length import (
+    decode_run_length,
+    encode_runs,
+    runs_from_incompletes,
+)
+
+DECODABLE = [e for e in OffsetEncoding if e.decodable]
+
+
+def b64(payload: bytes) -> str:
+    return base64.b64encode(payload).decode()
+
+
+def payload(metadata: str) -> bytes:
+    return base64.b64decode(metadata)
+
+
+# --- The worked example of the reference notes (base 100, H 105, incompletes {100, 103}) ---
+
+
+def test_worked_example_picks_bitset_v1() -> None:
+    encoded = encode_offset_map(100, 105, [100, 103])
+
+    assert encoded is not None
+    assert encoded.metadata == "bAAGNgA="
+    assert encoded.encoding is OffsetEncoding.BIT_SET
+    assert encoded.size == len("bAAGNgA=")
+
+
+@pytest.mark.parametrize(
+    ("encoding", "hex_bytes", "metadata"),
+    [
+        (OffsetEncoding.BIT_SET, "6C 00 06 36 00", "bAAGNgA="),
+        (OffsetEncoding.BIT_SET_V2, "6F 00 00 00 06 36 00", "bwAAAAY2AA=="),
+        (OffsetEncoding.RUN_LENGTH, "6E 00 01 00 02 00 01 00 02", "bgABAAIAAQAC"),
+        (
+            OffsetEncoding.RUN_LENGTH_V2,
+            "65 00000001 00000002 00000001 00000002",
+            b64(bytes.fromhex("65 00000001 00000002 00000001 00000002")),
+        ),
+    ],
+)
+def test_worked_example_forced_matches_the_notes(
+    encoding: OffsetEncoding, hex_bytes: str, metadata: str
+) -> None:
+    encoded = encode_offset_map(100, 105, [100, 103], force=encoding)
+
+    assert encoded is not None
+    assert payload(encoded.metadata) == bytes.fromhex(hex_bytes)
+    assert encoded.metadata == metadata
+
+
+@pytest.mark.parametrize("encoding", DECODABLE, ids=lambda e: e.name)
+def test_worked_example_decodes_with_every_encoding(encoding: OffsetEncoding) -> None:
+    encoded = encode_offset_map(100, 105, [100, 103], force=encoding)
+    assert encoded is not None
+
+    decoded = decode_offset_map(100, encoded.metadata)
+
+    assert decoded.incomplete == (100, 103)
+    assert decoded.highest_seen == 105
+    assert decoded.base == 100
+    assert decoded.encoding is encoding
+
+
+def test_compressed_payload_is_magic_plus_zstd_frame_of_plain_data() -> None:
+    encoded = encode_offset_map(100, 105, [100, 103], force=OffsetEncoding.RUN_LENGTH_COMPRESSED)
+    assert encoded is not None
+
+    raw = payload(encoded.metadata)
+
+    assert raw[0] == 0x4A
+    assert zstandard.ZstdDecompressor().decompressobj().decompress(raw[1:]) == bytes.fromhex(
+        "0001000200010002"
+    )
+
+
+# --- Java's BitSetEncodingTest and RunLengthEncoderTest ---
+
+JAVA_PATTERN = [0, 4, 6, 7, 8, 10]  # incompletes over relative offsets 0..10
+
+
+def test_java_bitset_encoding_test() -> None:
+    data = encode_bitset(11, JAVA_PATTERN, 1)
+    assert data is not None
+
+    bits = bitarray(endian="little")
+    bits.frombytes(data[2:])
+    assert set(bits.search(1)) == {1, 2, 3, 5, 9}
+    assert decode_bitset(data, 1, 0, max_incompletes=100) == (10, tuple(JAVA_PATTERN))
+
+
+def test_java_run_length_encoder_test() -> None:
+    runs = runs_from_incompletes(11, JAVA_PATTERN)
+
+    assert runs == [1, 3, 1, 1, 3, 1, 1]
+    data = encode_runs(runs, 1)
+    assert data == bytes.fromhex("0001 0003 0001 0001 0003 0001 0001")
+    assert decode_run_length(data, 1, 0, max_incompletes=100) == (10, tuple(JAVA_PATTERN))
+
+
+@pytest.mark.parametrize(
+    ("length", "incompletes", "runs"),
+    [
+        (0, [], [0]),
+        (5, [], [0, 5]),
+        (5, [0, 1, 2, 3, 4], [5]),
+        (5, [2], [0, 2, 1, 2]),
+        (5, [4], [0, 4, 1]),
+        (5, [0], [1, 4]),
+    ],
+)
+def test_run_lengths_start_incomplete_and_end_with_the_tail(
+    length: int, incompletes: list[int], runs: list[int]
+) -> None:
+    assert runs_from_incompletes(length, incompletes) == runs
+
+
+# --- Overflow of the v1 layouts ---
+
+
+def test_range_over_32767_drops_bitset_v1() -> None:
+    # length = H - base + 1
+    assert encode_offset_map(0, 32_766, [0], force=OffsetEncoding.BIT_SET) is not None
+    assert encode_offset_map(0, 32_767, [0], force=OffsetEncoding.BIT_SET) is None
+    assert encode_offset_map(0, 32_767, [0], force=OffsetEncoding.BIT_SET_V2) is not None
+
+
+def test_run_over_32767_drops_run_length_v1() -> None:
+    # incomplete 0, then a complete run of 32767 (fits) or 32768 (overflows)
+    assert encode_offset_map(0, 32_767, [0], force=OffsetEncoding.RUN_LENGTH) is not None
+    assert encode_offset_map(0, 32_768, [0], force=OffsetEncoding.RUN_LENGTH) is None
+    assert encode_offset_map(0, 32_768, [0], force=OffsetEncoding.RUN_LENGTH_V2) is not None
+
+
+def test_auto_choice_survives_v1_overflow() -> None:
+    encoded = encode_offset_map(0, 100_000, [0, 50_000])
+
+    assert encoded is not None
+    assert encoded.encoding in {
+        OffsetEncoding.RUN_LENGTH_V2,
+        OffsetEncoding.RUN_LENGTH_V2_COMPRESSED,
+        OffsetEncoding.BIT_SET_V2_COMPRESSED,
+    }
+    assert decode_offset_map(0, encoded.metadata).incomplete == (0, 50_000)
+
+
+def test_nothing_can_encode_a_range_beyond_int32() -> None:
+    assert encode_offset_map(0, 2**32, [0]) is None
+
+
+# --- Java's H adjustments and the incomplete filter ---
+
+
+def test_highest_minus_one_becomes_base() -> None:
+    encoded = encode_offset_map(7, -1, [7], force=OffsetEncoding.BIT_SET)
+    assert encoded is not None
+    # length 1, and offset 7 is not below H (-1), so Java marks it complete
+    assert payload(encoded.metadata) == bytes.fromhex("6C 0001 01 00")
+
+
+def test_highest_far_below_base_gives_an_empty_range() -> None:
+    encoded = encode_offset_map(7, 3, [7], force=OffsetEncoding.BIT_SET)
+    assert encoded is not None
+    assert payload(encoded.metadata) == bytes.fromhex("6C 0000 00")
+    assert decode_offset_map(7, encoded.metadata).highest_seen == 6
+
+
+def test_incompletes_at_or_above_highest_succeeded_are_not_encoded() -> None:
+    encoded = encode_offset_map(10, 14, [10, 12, 14, 15, 99])
+    assert encoded is not None
+
+    decoded = decode_offset_map(10, encoded.metadata)
+
+    assert decoded.incomplete == (10, 12)
+    assert decoded.highest_seen == 14
+
+
+def test_incompletes_below_base_are_ignored() -> None:
+    encoded = encode_offset_map(10, 14, [3, 10, 12])
+    assert encoded is not None
+    assert decode_offset_map(10, encoded.metadata).incomplete == (10, 12)
+
+
+@pytest.mark.parametrize("use_numpy", [True, False])
+def test_unsorted_incompletes_are_rejected(use_numpy: bool) -> None:
+    with pytest.raises(ValueError, match="sorted"):
+        _encode(0, 10, [0, 5, 5, 7], None, use_numpy=use_numpy)
+
+
+def test_offsets_near_2_to_62() -> None:
+    base = 2**62
+    encoded = encode_offset_map(base, base + 40_000, [base, base + 3, base + 39_999])
+    assert encoded is not None
+    decoded = decode_offset_map(base, encoded.metadata)
+    assert decoded.incomplete == (base, base + 3, base + 39_999)
+    assert decoded.highest_seen == base + 40_000
+
+
+def test_forcing_a_non_decodable_encoding_is_an_error() -> None:
+    with pytest.raises(ValueError, match="KAFKA_STREAMS"):
+        encode_offset_map(0, 5, [0], force=OffsetEncoding.KAFKA_STREAMS)
+
+
+def test_tie_break_prefers_plain_v1_bitset() -> None:
+    # BitSet v1 and RunLength v1 are both 4 data bytes here (runs [1, 1]).
+    encoded = encode_offset_map(0, 1, [0])
+    assert encoded is not None
+    assert encoded.encoding is OffsetEncoding.BIT_SET
+
+
+def test_compression_is_chosen_when_it_wins_below_java_threshold() -> None:
+    # 150 bytes of all-complete bits: plain BitSet is ~153 bytes, its zstd frame far smaller,
+    # and RunLength needs runs [1, 1198, 1] plus an incomplete: also small. Whatever wins must
+    # be no larger than every forced candidate.
+    encoded = encode_offset_map(0, 1_200, [0, 600])
+    assert encoded is not None
+    sizes = [
+        forced.size
+        for e in DECODABLE
+        if (forced := encode_offset_map(0, 1_200, [0, 600], force=e)) is not None
+    ]
+    assert encoded.size == min(sizes)
+
+
+# --- Decoding: empty metadata, Java quirks, foreign and malformed input ---
+
+
+def test_empty_metadata_means_no_map() -> None:
+    decoded = decode_offset_map(42, "")
+
+    assert decoded.highest_seen == 41
+    assert decoded.incomplete == ()
+    assert decoded.encoding is None
+
+
+def test_run_length_highest_seen_starts_at_zero_for_base_zero() -> None:
+    # Java's OffsetRunLength starts highestSeen at 0 (not -1) when the base is 0.
+    assert decode_offset_map(0, b64(bytes.fromhex("6E 0000"))).highest_seen == 0
+    assert decode_offset_map(5, b64(bytes.fromhex("6E 0000"))).highest_seen == 4
+
+
+def test_run_length_with_no_runs_decodes_like_java() -> None:
+    decoded = decode_offset_map(5, b64(b"\x6e"))
+    assert decoded.incomplete == ()
+    assert decoded.highest_seen == 4
+
+
+def test_missing_base64_padding_is_accepted_like_java() -> None:
+    assert decode_offset_map(100, "bAAGNgA").incomplete == (100, 103)
+
+
+def test_streaming_zstd_frame_without_content_size_decodes() -> None:
+    compressor = zstandard.ZstdCompressor(level=3).compressobj()
+    frame = compressor.compress(bytes.fromhex("00063600")) + compressor.flush()
+    assert zstandard.get_frame_parameters(frame).content_size == zstandard.CONTENTSIZE_UNKNOWN
+
+    decoded = decode_offset_map(100, b64(b"\x61" + frame))
+
+    assert decoded.incomplete == (100, 103)
+    assert decoded.encoding is OffsetEncoding.BIT_SET_COMPRESSED
+
+
+@pytest.mark.parametrize("magic", [0x01, 0x02])
+def test_kafka_streams_metadata_has_its_own_error(magic: int) -> None:
+    with pytest.raises(KafkaStreamsMetadataError) as caught:
+        decode_offset_map(0, b64(bytes((magic, 0, 0, 0))))
+    assert isinstance(caught.value, OffsetDecodeError)
+
+
+def test_decode_error_is_a_library_error_and_a_value_error() -> None:
+    assert issubclass(OffsetDecodeError, ParallelConsumerError)
+    assert issubclass(OffsetDecodeError, ValueError)
+
+
+BOMB = zstandard.ZstdCompressor(level=19).compress(bytes(20 * 1024 * 1024))
+
+
+@pytest.mark.parametrize(
+    ("metadata", "message"),
+    [
+        ("not base64!", "base64"),
+        ("bAAGNgA=x", "base64"),
+        ("=bAAGNgA", "base64"),
+        ("bAAG\nNgA=", "base64"),
+        ("é", "base64"),
+        (b64(bytes.fromhex("4C 00")), "BYTE_ARRAY"),
+        (b64(bytes.fromhex("EE 00")), "BYTE_ARRAY_COMPRESSED"),
+        (b64(bytes.fromhex("FF 00")), "magic"),
+        (b64(bytes.fromhex("6C 00")), "truncated"),
+        (b64(bytes.fromhex("6F 00 00 00")), "truncated"),
+        (b64(bytes.fromhex("6C FF FF 00")), "negative"),
+        (b64(bytes.fromhex("6E 00 01 00")), "truncated"),
+        (b64(bytes.fromhex("65 00 00 00 01 00 00")), "truncated"),
+        (b64(bytes.fromhex("6E FF FF")), "negative"),
+        (b64(bytes.fromhex("6F 7F FF FF FF 36 00 00 00 00")), "limit"),
+        (b64(bytes.fromhex("65 7F FF FF FF")), "limit"),
+        (b64(b"\x61" + b"garbage"), "zstd"),
+        (b64(b"\x61" + zstandard.ZstdCompressor().compress(b"\x00\x01\xff")[:-2]), "zstd"),
+        (b64(b"\x61" + zstandard.ZstdCompressor().compress(b"\x00\x01\xff") + b"x"), "zstd"),
+        (b64(b"\x61" + BOMB), "decompresses to more than"),
+    ],
+)
+def test_malformed_metadata_raises_offset_decode_error(metadata: str, message: str) -> None:
+    with pytest.raises(OffsetDecodeError, match=message):
+        decode_offset_map(100, metadata)
+
+
+def test_hostile_bitset_length_is_bounded_by_the_incomplete_limit() -> None:
+    just_fits = b64(b"\x6f" + MAX_DECODED_INCOMPLETES.to_bytes(4, "big"))
+    assert len(decode_offset_map(0, just_fits).incomplete) == MAX_DECODED_INCOMPLETES
+
+    too_many = b64(b"\x6f" + (MAX_DECODED_INCOMPLETES + 1).to_bytes(4, "big"))
+    with pytest.raises(OffsetDecodeError, match="limit"):
+        decode_offset_map(0, too_many)
+
+
+def test_map_ending_beyond_int64_is_rejected() -> None:
+    with pytest.raises(OffsetDecodeError, match="largest Kafka offset"):
+        decode_offset_map(2**63 - 2, b64(bytes.fromhex("6C 0010 FFFF 00")))
+
+
+def test_negative_committed_offset_is_rejected() -> None:
+    with pytest.raises(OffsetDecodeError):
+        decode_offset_map(-1, "bAAGNgA=")
