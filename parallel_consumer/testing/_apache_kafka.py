@@ -149,7 +149,11 @@ def resolve_jars(version: str = DEFAULT_KAFKA_VERSION, *, timeout: float = 900.0
 
 def new_cluster_id() -> str:
     """A random KRaft cluster id (22 characters of url-safe base64, like kafka-storage makes)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+        # Like Kafka's Uuid.randomUuid(): a leading "-" would be read as a command-line option.
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def server_properties(

@@ -154,11 +154,14 @@ def test_properties_rendering_escapes_what_java_would_misread() -> None:
     assert text == "a.b=x\nodd\\ key=c:\\\\dir\\nnext\n"
 
 
-def test_cluster_ids_are_22_url_safe_characters_and_fresh() -> None:
-    first, second = apache.new_cluster_id(), apache.new_cluster_id()
-    assert len(first) == 22
-    assert first != second
-    assert set(first) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+def test_cluster_ids_are_22_url_safe_characters_fresh_and_never_look_like_options() -> None:
+    ids = [apache.new_cluster_id() for _ in range(500)]
+    assert len(set(ids)) == len(ids)
+    alphabet = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+    for cluster_id in ids:
+        assert len(cluster_id) == 22
+        assert set(cluster_id) <= alphabet
+        assert not cluster_id.startswith("-")
 
 
 def test_pom_template_is_shipped_with_the_version_placeholder() -> None:
