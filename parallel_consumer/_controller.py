@@ -114,11 +114,14 @@ class Controller:
         """Thread-safe: queue an event for the controller."""
         self._inbox.put(event)
 
-    def start(self, handler: Handler) -> None:
+    def start(self, handler: Handler, *, thread: bool = True) -> None:
+        """Start the runner and (unless ``thread=False``, for tests stepping with
+        :meth:`run_once`) the controller thread."""
         self._runner.start(handler, self.post)
         self.lifecycle = Lifecycle.RUNNING
         self._next_commit = self._clock.monotonic() + self._options.commit_interval
-        self._thread.start()
+        if thread:
+            self._thread.start()
 
     def request(
         self, action: str, *, drain: bool = True, timeout: float | None = None
@@ -151,36 +154,41 @@ class Controller:
                 self.stopped.set_result(None)
 
     def _loop(self) -> None:
+        while not self.run_once(block=True):
+            pass
+
+    def run_once(self, *, block: bool) -> bool:
+        """One turn of the loop: wait for events (if ``block``), handle them, dispatch, commit,
+        update pauses. Returns True when a close has completed. Runs on the controller thread;
+        tests call it directly, without starting the thread, to step the engine by hand."""
         inbox = self._inbox
         clock = self._clock
-        while True:
-            now = clock.monotonic()
-            wait = self._next_deadline(now) - now
+        now = clock.monotonic()
+        wait = self._next_deadline(now) - now if block else 0.0
+        try:
+            event: ControllerEvent | None = (
+                inbox.get(timeout=clock.block_for(wait)) if wait > 0 else inbox.get_nowait()
+            )
+        except queue.Empty:
+            event = None
+        while event is not None:
+            self._handle(event)
             try:
-                event: ControllerEvent | None = (
-                    inbox.get(timeout=clock.block_for(wait)) if wait > 0 else inbox.get_nowait()
-                )
+                event = inbox.get_nowait()
             except queue.Empty:
                 event = None
-            while event is not None:
-                self._handle(event)
-                try:
-                    event = inbox.get_nowait()
-                except queue.Empty:
-                    event = None
-            now = clock.monotonic()
-            if self._retries:
-                self._release_due_retries(now)
-            self._dispatch()
-            if now >= self._next_commit:
-                self._commit_dirty()
-                self._next_commit = now + self._options.commit_interval
-            self._update_pauses()
-            if self._to_release:
-                self._poller.send(Release(self._to_release))
-                self._to_release = 0
-            if self._close_requested is not None and self._close_step(now):
-                return
+        now = clock.monotonic()
+        if self._retries:
+            self._release_due_retries(now)
+        self._dispatch()
+        if now >= self._next_commit:
+            self._commit_dirty()
+            self._next_commit = now + self._options.commit_interval
+        self._update_pauses()
+        if self._to_release:
+            self._poller.send(Release(self._to_release))
+            self._to_release = 0
+        return self._close_requested is not None and self._close_step(now)
 
     def _next_deadline(self, now: float) -> float:
         deadline = self._next_commit

@@ -1,0 +1,152 @@
+"""Commits: what is committed, when a partition counts as committed, and restarts."""
+
+from __future__ import annotations
+
+import threading
+
+from parallel_consumer import CommitMode, InternalError, InvalidMetadataPolicy, Options, PollContext
+from parallel_consumer.offsets import decode_offset_map, encode_offset_map
+
+
+def test_commit_is_lowest_incomplete_with_offset_map(harness, cluster, clock, wait_until):
+    # Given offsets 0..9 where 2 and 5 block (never finish)
+    cluster.create_topic("t")
+    for i in range(10):
+        cluster.produce("t", b"%d" % i, key=b"%d" % i)
+    release = threading.Event()
+
+    def handle(ctx: PollContext) -> None:
+        if ctx.offset in (2, 5):
+            release.wait(10)
+
+    pc = harness.make(Options(ordering="unordered", commit_interval=1), clock=clock)
+    pc.poll(handle)
+    wait_until(lambda: pc.statistics().records_succeeded == 8)
+    # When the commit interval passes
+    clock.advance(1.1)
+    wait_until(lambda: cluster.committed("g", "t", 0) is not None)
+    # Then the committed offset is the lowest incomplete and the map marks 5 as incomplete
+    offset, metadata = cluster.committed("g", "t", 0)
+    assert offset == 2
+    decoded = decode_offset_map(offset, metadata)
+    assert set(decoded.incomplete) == {2, 5}
+    assert decoded.highest_seen == 9
+    release.set()
+    wait_until(lambda: pc.statistics().records_succeeded == 10)
+    pc.close()
+    assert cluster.committed("g", "t", 0) == (10, "")
+
+
+def test_partition_is_clean_only_after_acknowledgement_and_failed_commits_retry(
+    harness, cluster, clock, wait_until
+):
+    cluster.create_topic("t")
+    for i in range(5):
+        cluster.produce("t", b"%d" % i, key=b"%d" % i)
+    pc = harness.make(Options(commit_interval=1), clock=clock)
+    consumer = harness.consumers[0]
+    consumer.fail_next_commits(1)
+    pc.poll(lambda ctx: None)
+    wait_until(lambda: pc.statistics().records_succeeded == 5)
+    # When the first commit fails
+    clock.advance(1.1)
+    wait_until(lambda: pc.statistics().commit_failures == 1)
+    # Then the partition is still dirty, and nothing is stored
+    assert pc.statistics().partitions[0].dirty
+    assert cluster.committed("g", "t", 0) is None
+    # When the next interval passes, then the commit is sent again and acknowledged
+    clock.advance(1.1)
+    wait_until(lambda: pc.statistics().commits_acknowledged == 1)
+    snapshot = pc.statistics().partitions[0]
+    assert not snapshot.dirty
+    assert snapshot.committed_offset == 5
+    assert cluster.committed("g", "t", 0) == (5, "")
+
+
+def test_sync_commit_mode_commits(harness, cluster, clock, wait_until):
+    cluster.create_topic("t")
+    for i in range(5):
+        cluster.produce("t", b"%d" % i)
+    pc = harness.make(
+        Options(commit_mode=CommitMode.PERIODIC_CONSUMER_SYNC, commit_interval=1), clock=clock
+    )
+    pc.poll(lambda ctx: None)
+    wait_until(lambda: pc.statistics().records_succeeded == 5)
+    clock.advance(1.1)
+    wait_until(lambda: cluster.committed("g", "t", 0) == (5, ""))
+    wait_until(lambda: not pc.statistics().partitions[0].dirty)
+
+
+def test_restart_skips_records_the_offset_map_marks_finished(harness, cluster, wait_until):
+    # Given a committed offset 3 whose map says 3, 6 and 8 are unfinished (up to 9 seen)
+    cluster.create_topic("t")
+    for i in range(12):
+        cluster.produce("t", b"%d" % i)
+    encoded = encode_offset_map(3, 9, [3, 6, 8])
+    assert encoded is not None
+    cluster.set_committed("g", "t", 0, 3, encoded.metadata)
+    processed: list[int] = []
+    lock = threading.Lock()
+
+    def handle(ctx: PollContext) -> None:
+        with lock:
+            processed.append(ctx.offset)
+
+    # When a consumer of the group starts
+    pc = harness.make(Options(ordering="unordered"))
+    pc.poll(handle)
+    # Then exactly the unfinished records and those above the map run
+    wait_until(lambda: len(processed) >= 5)
+    pc.close()
+    assert sorted(processed) == [3, 6, 8, 10, 11]
+    assert pc.statistics().records_skipped == 4
+    assert cluster.committed("g", "t", 0) == (12, "")
+
+
+def test_malformed_metadata_replays_from_committed_offset(harness, cluster, wait_until, caplog):
+    cluster.create_topic("t")
+    for i in range(6):
+        cluster.produce("t", b"%d" % i)
+    cluster.set_committed("g", "t", 0, 2, "!!not base64!!")
+    processed: list[int] = []
+    pc = harness.make(Options(ordering="partition"))
+    pc.poll(lambda ctx: processed.append(ctx.offset))
+    wait_until(lambda: len(processed) == 4)
+    assert processed == [2, 3, 4, 5]
+    assert "t[0]" in caplog.text
+    assert "cannot decode" in caplog.text
+
+
+def test_malformed_metadata_with_fail_policy_stops_with_internal_error(harness, cluster, wait_until):
+    cluster.create_topic("t")
+    cluster.produce("t", b"x")
+    cluster.set_committed("g", "t", 0, 0, "AQID")  # magic 0x01: Kafka Streams metadata
+    pc = harness.make(Options(invalid_metadata_policy=InvalidMetadataPolicy.FAIL))
+    pc.poll(lambda ctx: None)
+    wait_until(lambda: pc.failure is not None)
+    assert isinstance(pc.failure, InternalError)
+    assert "t[0]" in str(pc.failure)
+    try:
+        pc.wait(5)
+    except InternalError:
+        pass
+    else:
+        raise AssertionError("wait() must re-raise the failure")
+
+
+def test_compaction_gaps_in_restored_map_are_forgotten(harness, cluster, wait_until):
+    # Given a map with 2 and 4 unfinished, and record 4 compacted away since
+    cluster.create_topic("t")
+    for i in range(8):
+        cluster.produce("t", b"%d" % i)
+    encoded = encode_offset_map(2, 5, [2, 4])
+    assert encoded is not None
+    cluster.set_committed("g", "t", 0, 2, encoded.metadata)
+    cluster.delete_records("t", 0, [4])
+    processed: list[int] = []
+    pc = harness.make(Options(ordering="partition"))
+    pc.poll(lambda ctx: processed.append(ctx.offset))
+    wait_until(lambda: len(processed) == 3)
+    pc.close()
+    assert processed == [2, 6, 7]
+    assert cluster.committed("g", "t", 0) == (8, "")

@@ -1,0 +1,121 @@
+"""Given records with keys, when processed concurrently, then each ordering mode's promise holds."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+
+from parallel_consumer import Options, PollContext, ProcessingOrder
+
+
+def produce_keyed(cluster, n: int, keys: int, partitions: int = 3) -> None:
+    cluster.create_topic("t", partitions)
+    for i in range(n):
+        key = b"k%d" % (i % keys)
+        cluster.produce("t", b"%d" % i, key=key, partition=i % partitions)
+
+
+class Recorder:
+    """Records each call and the concurrency per lane, from the worker threads."""
+
+    def __init__(self, lane) -> None:
+        self.lock = threading.Lock()
+        self.lane = lane
+        self.active: dict[object, int] = defaultdict(int)
+        self.max_active_per_lane = 0
+        self.max_active = 0
+        self.total_active = 0
+        self.order: dict[object, list[int]] = defaultdict(list)
+        self.count = 0
+
+    def __call__(self, ctx: PollContext) -> None:
+        lanes = [self.lane(r) for r in ctx.records]
+        with self.lock:
+            for lane, r in zip(lanes, ctx.records, strict=True):
+                self.active[lane] += 1
+                self.max_active_per_lane = max(self.max_active_per_lane, self.active[lane])
+                self.order[lane].append(r.offset)
+            self.total_active += 1
+            self.max_active = max(self.max_active, self.total_active)
+        time.sleep(random.random() / 2000)
+        with self.lock:
+            for lane in lanes:
+                self.active[lane] -= 1
+            self.total_active -= 1
+            self.count += len(lanes)
+
+
+@pytest.mark.parametrize(("batch_size", "keys", "partitions"), [(1, 20, 3), (4, 20, 3), (1, 3, 1)])
+def test_key_order_one_in_flight_per_key_in_offset_order(
+    harness, cluster, wait_until, batch_size, keys, partitions
+):
+    # Given 2,000 records over a few partitions and keys
+    produce_keyed(cluster, 2000, keys=keys, partitions=partitions)
+    recorder = Recorder(lambda r: (r.partition, r.key))
+    pc = harness.make(Options(ordering="key", max_concurrency=8, batch_size=batch_size))
+    # When processed with 8 workers
+    pc.poll(recorder)
+    wait_until(lambda: recorder.count == 2000, what="all records")
+    # Then no key ever had two records in flight, and each key saw its offsets in order
+    assert recorder.max_active_per_lane == 1
+    for offsets in recorder.order.values():
+        assert offsets == sorted(offsets)
+    # And work did run concurrently across keys
+    assert recorder.max_active > 1
+
+
+def test_partition_order_one_in_flight_per_partition(harness, cluster, wait_until):
+    produce_keyed(cluster, 600, keys=50)
+    recorder = Recorder(lambda r: r.partition)
+    pc = harness.make(Options(ordering=ProcessingOrder.PARTITION, max_concurrency=8))
+    pc.poll(recorder)
+    wait_until(lambda: recorder.count == 600)
+    assert recorder.max_active_per_lane == 1
+    assert recorder.max_active <= 3
+    for offsets in recorder.order.values():
+        assert offsets == sorted(offsets)
+
+
+def test_unordered_runs_one_key_concurrently(harness, cluster, wait_until):
+    # Given a single key: KEY order would run it one at a time
+    produce_keyed(cluster, 400, keys=1, partitions=1)
+    recorder = Recorder(lambda r: r.key)
+    pc = harness.make(Options(ordering=ProcessingOrder.UNORDERED, max_concurrency=8))
+    pc.poll(recorder)
+    wait_until(lambda: recorder.count == 400)
+    assert recorder.max_active_per_lane > 1
+
+
+def test_null_keys_of_one_partition_share_one_lane(harness, cluster, wait_until):
+    cluster.create_topic("t", 2)
+    for i in range(200):
+        cluster.produce("t", b"%d" % i, key=None, partition=i % 2)
+    recorder = Recorder(lambda r: (r.partition, r.key))
+    pc = harness.make(Options(ordering="key", max_concurrency=8))
+    pc.poll(recorder)
+    wait_until(lambda: recorder.count == 200)
+    assert recorder.max_active_per_lane == 1
+    assert set(recorder.order) == {(0, None), (1, None)}
+
+
+def test_batches_hold_up_to_batch_size_records(harness, cluster, wait_until):
+    produce_keyed(cluster, 300, keys=300, partitions=1)
+    sizes: list[int] = []
+    lock = threading.Lock()
+
+    def handle(ctx: PollContext) -> None:
+        with lock:
+            sizes.append(len(ctx))
+        if len(ctx) > 1:
+            with pytest.raises(ValueError, match="holds"):
+                _ = ctx.record
+
+    pc = harness.make(Options(ordering="unordered", max_concurrency=2, batch_size=10))
+    pc.poll(handle)
+    wait_until(lambda: sum(sizes) == 300)
+    assert max(sizes) == 10
+    assert all(1 <= s <= 10 for s in sizes)
