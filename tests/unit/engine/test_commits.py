@@ -117,7 +117,9 @@ def test_malformed_metadata_replays_from_committed_offset(harness, cluster, wait
     assert "cannot decode" in caplog.text
 
 
-def test_malformed_metadata_with_fail_policy_stops_with_internal_error(harness, cluster, wait_until):
+def test_malformed_metadata_with_fail_policy_stops_with_internal_error(
+    harness, cluster, wait_until
+):
     cluster.create_topic("t")
     cluster.produce("t", b"x")
     cluster.set_committed("g", "t", 0, 0, "AQID")  # magic 0x01: Kafka Streams metadata

@@ -184,7 +184,7 @@ def test_bad_consumer_config_is_rejected_naming_the_setting(cluster, config, mes
 
 
 def test_librdkafka_rejects_unknown_setting_as_configuration_error():
-    with pytest.raises(ConfigurationError, match="no.such.setting"):
+    with pytest.raises(ConfigurationError, match=r"no\.such\.setting"):
         ParallelConsumer(_config(**{"no.such.setting": 1}))
 
 
