@@ -58,7 +58,8 @@ def plan_commit(
     """Plan the commit of one partition from its sorted incomplete offsets.
 
     ``incomplete_offsets`` is sorted ascending without duplicates (a ``SortedList`` works as is);
-    ``highest_succeeded`` is the highest offset that completed, -1 if none did. The committed
+    ``highest_succeeded`` is the highest offset that completed, -1 if none did (it must not itself
+    be in ``incomplete_offsets``: like Java, the map marks it complete). The committed
     offset is the lowest incomplete offset, or ``highest_succeeded + 1`` when none is incomplete.
     Returns None when there is nothing to commit (no incompletes and nothing ever succeeded).
 

@@ -1,0 +1,134 @@
+"""Property tests: every encoding round-trips, the automatic choice is the smallest, and the
+numpy and pure-Python kernels produce the same bytes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from parallel_consumer.offsets import OffsetEncoding, decode_offset_map, encode_offset_map
+from parallel_consumer.offsets._ranges import HAS_NUMPY
+from parallel_consumer.offsets.codec import _encode
+
+DECODABLE = [e for e in OffsetEncoding if e.decodable]
+V1_MAX = 2**15 - 1
+
+
+@dataclass(frozen=True)
+class Case:
+    """An encoder input and what decoding it must give back."""
+
+    base: int
+    highest: int
+    incompletes: list[int]
+    length: int  # of the encoded range after Java's H adjustments
+    expected: tuple[int, ...]
+    max_run: int
+
+
+BASES = st.one_of(
+    st.just(0),
+    st.integers(1, 10_000),
+    st.integers(2**62 - 1_000, 2**62 + 1_000),
+)
+# Complete runs are mostly short, sometimes around the v1 limit, sometimes long (forces v2).
+COMPLETE_RUNS = st.one_of(
+    st.integers(1, 40),
+    st.integers(V1_MAX - 3, V1_MAX + 3),
+    st.integers(1, 70_000),
+)
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> Case:
+    base = draw(BASES)
+    relative: list[int] = []
+    position = 0
+    for index in range(draw(st.integers(0, 8))):
+        if index % 2 == 0:  # incomplete run; only the first may be empty
+            run = draw(st.integers(0 if index == 0 else 1, 30))
+            relative.extend(range(position, position + run))
+        else:
+            run = draw(COMPLETE_RUNS)
+        position += run
+    position += draw(st.integers(0, 3))  # a complete tail
+    highest = draw(
+        st.sampled_from(
+            [
+                *[base + position] * 4,  # the usual case: H above every incomplete
+                base + position - 1,  # an incomplete at H itself is not encoded
+                -1,  # nothing succeeded yet
+                *range(max(-1, base - 5), base + 3),  # H at or below the base
+            ]
+        )
+    )
+    extra_above = draw(st.lists(st.integers(1, 5), max_size=2))  # incompletes above H, ignored
+    offsets = sorted({base + r for r in relative} | {max(highest, base) + e for e in extra_above})
+    adjusted = max(base if highest == -1 else highest, base - 1)
+    length = adjusted - base + 1
+    expected = tuple(o for o in offsets if base <= o < highest)
+    max_run = _max_run(base, length, expected)
+    return Case(base, highest, offsets, length, expected, max_run)
+
+
+def _max_run(base: int, length: int, incompletes: tuple[int, ...]) -> int:
+    longest, previous = 0, base - 1
+    run = 0
+    for offset in incompletes:
+        gap = offset - previous - 1
+        longest = max(longest, gap)
+        run = run + 1 if gap == 0 else 1
+        longest = max(longest, run)
+        previous = offset
+    return max(longest, base + length - 1 - previous)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(cases())
+def test_every_forced_encoding_round_trips(case: Case) -> None:
+    for encoding in DECODABLE:
+        encoded = encode_offset_map(case.base, case.highest, case.incompletes, force=encoding)
+        overflows = (case.length > V1_MAX if encoding.is_bitset else case.max_run > V1_MAX) and (
+            encoding.version == 1
+        )
+        if overflows:
+            assert encoded is None, encoding
+            continue
+        assert encoded is not None, encoding
+        assert encoded.encoding is encoding
+        assert encoded.size == len(encoded.metadata)
+        decoded = decode_offset_map(case.base, encoded.metadata)
+        assert decoded.incomplete == case.expected, encoding
+        assert decoded.highest_seen == case.base + case.length - 1, encoding
+        assert decoded.encoding is encoding
+
+
+@settings(max_examples=1000, deadline=None)
+@given(cases())
+def test_automatic_choice_round_trips_and_is_never_larger_than_a_candidate(case: Case) -> None:
+    chosen = encode_offset_map(case.base, case.highest, case.incompletes)
+    candidates = [
+        encoded
+        for encoding in DECODABLE
+        if (encoded := encode_offset_map(case.base, case.highest, case.incompletes, force=encoding))
+    ]
+
+    assert chosen is not None
+    assert all(chosen.size <= other.size for other in candidates)
+    assert chosen in candidates  # it is one of them, built the same way
+    decoded = decode_offset_map(case.base, chosen.metadata)
+    assert decoded.incomplete == case.expected
+    assert decoded.highest_seen == case.base + case.length - 1
+
+
+@settings(max_examples=1000 if HAS_NUMPY else 1, deadline=None)
+@given(cases())
+def test_numpy_and_pure_kernels_write_the_same_bytes(case: Case) -> None:
+    if not HAS_NUMPY:
+        return
+    for force in [None, *DECODABLE]:
+        fast = _encode(case.base, case.highest, case.incompletes, force, use_numpy=True)
+        pure = _encode(case.base, case.highest, case.incompletes, force, use_numpy=False)
+        assert fast == pure, force
