@@ -1,4 +1,8 @@
-"""Tools for testing code built on parallel_consumer: a real local broker and record helpers.
+"""Tools for testing code built on parallel_consumer: fakes, a real local broker, record helpers.
+
+``FakeCluster``/``FakeConsumer`` and ``FakeClock`` run a ParallelConsumer in memory with time
+under the test's control (``ParallelConsumer(config, consumer_factory=cluster.consumer,
+clock=clock)``).
 
 ``LocalKafka`` starts a single-node Kafka broker; ``produce_records``, ``read_topic`` and
 ``create_topic`` talk to any broker by address. The pytest fixtures live in
@@ -8,6 +12,8 @@ docs/local-kafka.md and docs/testing.md.
 
 from __future__ import annotations
 
+from parallel_consumer.testing.clock import FakeClock
+from parallel_consumer.testing.fakes import FakeCluster, FakeConsumer
 from parallel_consumer.testing.local_kafka import (
     Capabilities,
     LocalKafka,
@@ -23,6 +29,9 @@ from parallel_consumer.testing.records import (
 
 __all__ = [
     "Capabilities",
+    "FakeClock",
+    "FakeCluster",
+    "FakeConsumer",
     "LocalKafka",
     "LocalKafkaError",
     "TopicRecord",
