@@ -10,6 +10,7 @@ revokes or assigns partitions on the next ``consume()``.
 
 from __future__ import annotations
 
+import bisect
 import re
 import threading
 import time
@@ -100,14 +101,8 @@ class FakeCluster:
 
     def _read(self, tp: TP, position: int, limit: int) -> list[Message]:
         log = self._logs[tp[0]][tp[1]]
-        # Logs are short in tests and offsets increase: a scan is fine and keeps gaps honest.
-        out = []
-        for message in log:
-            if _offset(message) >= position:
-                out.append(message)
-                if len(out) >= limit:
-                    break
-        return out
+        start = bisect.bisect_left(log, position, key=_offset)  # offsets increase, with gaps
+        return log[start : start + limit]
 
     def _end(self, tp: TP) -> int:
         log = self._logs[tp[0]][tp[1]]
