@@ -55,6 +55,8 @@ log = logging.getLogger("parallel_consumer")
 
 #: After the work is done on close, how long the final commit may take to be acknowledged.
 FINAL_COMMIT_TIMEOUT = 10.0
+#: How often paused partitions are checked for resumption while nothing else happens.
+PAUSE_CHECK_INTERVAL = 0.005
 
 
 class Controller:
@@ -93,6 +95,10 @@ class Controller:
         self._records_in_flight = 0
         self._to_release = 0
         self._paused: frozenset[TopicPartition] = frozenset()
+        #: Pause decisions are re-evaluated when records arrived or, while some partition is
+        #: paused, at most every PAUSE_CHECK_INTERVAL: not on every turn of the loop.
+        self._pauses_stale = True
+        self._next_pause_check = 0.0
         self._next_commit = 0.0
         # -- close --
         self._close_requested: Control | None = None
@@ -184,7 +190,10 @@ class Controller:
         if now >= self._next_commit:
             self._commit_dirty()
             self._next_commit = now + self._options.commit_interval
-        self._update_pauses()
+        if self._pauses_stale or (self._paused and now >= self._next_pause_check):
+            self._update_pauses()
+            self._pauses_stale = False
+            self._next_pause_check = now + PAUSE_CHECK_INTERVAL
         if self._to_release:
             self._poller.send(Release(self._to_release))
             self._to_release = 0
@@ -201,7 +210,10 @@ class Controller:
     def _handle(self, event: ControllerEvent) -> None:
         if isinstance(event, WorkDone):
             self._on_work_done(event)
-        elif isinstance(event, RecordsPolled):
+            return
+        # Anything else may change the assignment, the lifecycle or the backlog.
+        self._pauses_stale = True
+        if isinstance(event, RecordsPolled):
             self._on_records(event)
         elif isinstance(event, CommitResult):
             self._on_commit_result(event)
@@ -232,8 +244,9 @@ class Controller:
             if skipped:
                 self._skipped += skipped
                 self._to_release += skipped
-            for message in fresh:
-                shards.add(WorkItem(message, tp, shard_key_for(ordering, tp, message.key()), epoch))
+            shards.add(
+                tp, [WorkItem(m, tp, shard_key_for(ordering, tp, m.key()), epoch) for m in fresh]
+            )
             self._registered += len(fresh)
 
     def _on_assigned(self, event: PartitionsAssigned) -> None:

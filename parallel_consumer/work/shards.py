@@ -59,7 +59,6 @@ class ShardMap:
         self._ordering = ordering
         self._ordered = ordering is not ProcessingOrder.UNORDERED
         self._shards: dict[object, Shard] = {}
-        self._by_tp: dict[TopicPartition, set[object]] = {}
         self._ready: deque[Shard] = deque()
         self._parked: dict[TopicPartition, list[Shard]] = {}
         #: Records waiting for dispatch, per partition (the back-pressure input).
@@ -68,20 +67,28 @@ class ShardMap:
 
     # -- registration -------------------------------------------------------------------------
 
-    def add(self, item: WorkItem) -> None:
-        shard = self._shards.get(item.shard_key)
-        if shard is None:
-            shard = Shard(item.shard_key, item.tp)
-            self._shards[item.shard_key] = shard
-            self._by_tp.setdefault(item.tp, set()).add(item.shard_key)
-        shard.queue.append(item)
-        self._count_waiting(item.tp, 1)
-        self._schedule(shard)
+    def add(self, tp: TopicPartition, items: list[WorkItem]) -> None:
+        """Register records of one partition, in offset order."""
+        shards = self._shards
+        ready = self._ready
+        ordered = self._ordered
+        for item in items:
+            key = item.shard_key
+            shard = shards.get(key)
+            if shard is None:
+                shard = shards[key] = Shard(key, tp)
+            shard.queue.append(item)
+            if not shard.scheduled and not (ordered and shard.busy):
+                shard.scheduled = True
+                ready.append(shard)
+        self._count_waiting(tp, len(items))
 
     def remove_partition(self, tp: TopicPartition) -> int:
         """Forget every shard of ``tp`` (revoked); returns how many waiting records were dropped."""
         dropped = 0
-        for key in self._by_tp.pop(tp, ()):
+        # A scan of every shard: revokes are rare, and an index per partition would cost a set
+        # insert and delete for every short-lived shard on the hot path.
+        for key in [key for key, shard in self._shards.items() if shard.tp == tp]:
             shard = self._shards.pop(key)
             shard.removed = True
             dropped += len(shard.queue)
@@ -111,11 +118,15 @@ class ShardMap:
                 shard.scheduled = True
                 self._parked.setdefault(shard.tp, []).append(shard)
                 continue
-            shard.queue.popleft()
+            queue = shard.queue
+            queue.popleft()
             shard.busy += 1
             head.in_flight = True
-            self._count_waiting(shard.tp, -1)
-            self._schedule(shard)
+            self.waiting -= 1
+            self.waiting_by_tp[shard.tp] -= 1
+            if queue and not self._ordered:
+                shard.scheduled = True
+                ready.append(shard)
             return head
         return None
 
@@ -134,10 +145,13 @@ class ShardMap:
         if shard is None:
             return
         shard.busy -= 1
-        if not shard.queue and not shard.busy:
-            self._drop(shard)
-        else:
-            self._schedule(shard)
+        if shard.queue:
+            if not shard.scheduled and not (self._ordered and shard.busy):
+                shard.scheduled = True
+                self._ready.append(shard)
+        elif not shard.busy:
+            shard.removed = True
+            del self._shards[shard.key]
 
     def retry_later(self, item: WorkItem) -> None:
         """``item`` failed and waits for its delay; meanwhile it keeps its shard busy."""
@@ -184,9 +198,6 @@ class ShardMap:
     def _drop(self, shard: Shard) -> None:
         shard.removed = True
         del self._shards[shard.key]
-        keys = self._by_tp.get(shard.tp)
-        if keys is not None:
-            keys.discard(shard.key)
 
     def _count_waiting(self, tp: TopicPartition, delta: int) -> None:
         self.waiting += delta

@@ -99,7 +99,7 @@ class TestShardMap:
         shards = ShardMap(ProcessingOrder.KEY)
         a0, a1, b0 = item(0, b"a"), item(1, b"a"), item(2, b"b")
         for i in (a0, a1, b0):
-            shards.add(i)
+            shards.add(i.tp, [i])
         assert shards.take({}) is a0
         assert shards.take({}) is b0
         assert shards.take({}) is None  # a1 waits for a0
@@ -109,8 +109,8 @@ class TestShardMap:
     def test_retry_goes_back_to_the_front_and_blocks_its_key_meanwhile(self):
         shards = ShardMap(ProcessingOrder.KEY)
         a0, a1 = item(0, b"a"), item(1, b"a")
-        shards.add(a0)
-        shards.add(a1)
+        shards.add(a0.tp, [a0])
+        shards.add(a1.tp, [a1])
         assert shards.take({}) is a0
         shards.retry_later(a0)
         assert shards.take({}) is None
@@ -123,15 +123,15 @@ class TestShardMap:
         items0 = [item(o, tp=TP, ordering=ProcessingOrder.UNORDERED) for o in range(3)]
         items1 = [item(o, tp=tp1, ordering=ProcessingOrder.UNORDERED) for o in range(3)]
         for i in items0 + items1:
-            shards.add(i)
+            shards.add(i.tp, [i])
         taken = [shards.take({}) for _ in range(6)]
         assert [t.tp[1] for t in taken if t] == [0, 1, 0, 1, 0, 1]
 
     def test_blocked_partition_runs_only_holes_until_unparked(self):
         shards = ShardMap(ProcessingOrder.KEY)
         low, high = item(3, b"a"), item(9, b"b")
-        shards.add(low)
-        shards.add(high)
+        shards.add(low.tp, [low])
+        shards.add(high.tp, [high])
         blocked = {TP: 5}
         assert shards.take(blocked) is low
         assert shards.take(blocked) is None
@@ -141,8 +141,8 @@ class TestShardMap:
     def test_empty_shards_are_dropped_and_revoke_forgets_waiting(self):
         shards = ShardMap(ProcessingOrder.KEY)
         a0 = item(0, b"a")
-        shards.add(a0)
-        shards.add(item(1, b"b"))
+        shards.add(a0.tp, [a0])
+        shards.add(TP, [item(1, b"b")])
         taken = shards.take({})
         assert taken is not None
         shards.finished(taken)
