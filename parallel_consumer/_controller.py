@@ -276,7 +276,7 @@ class Controller:
                         exc,
                     )
                 else:
-                    restored = sorted(decoded.incomplete)
+                    restored = decoded.incomplete
                     highest = decoded.highest_seen
             self._forget(tp)
             self._partitions[tp] = PartitionState(
@@ -398,7 +398,7 @@ class Controller:
 
     def _plan(self, state: PartitionState) -> CommitPlan | None:
         plan = plan_commit(
-            state.incomplete,
+            state.incomplete.below(state.highest_succeeded),
             state.highest_succeeded,
             max_metadata_bytes=self._options.max_metadata_bytes,
         )

@@ -6,18 +6,85 @@ new epoch, so results of the old assignment can be recognised as stale.
 
 from __future__ import annotations
 
+import bisect
 import logging
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sortedcontainers import SortedList
-
 from parallel_consumer.work.item import TopicPartition
 
-__all__ = ["PartitionSnapshot", "PartitionState"]
+__all__ = ["IncompleteOffsets", "PartitionSnapshot", "PartitionState"]
 
 log = logging.getLogger("parallel_consumer")
+
+
+class IncompleteOffsets:
+    """A set of offsets added in increasing order and removed in any order.
+
+    Cheaper than a sorted container on the hot path (an append and a set insert per record, a
+    set removal per success) while the lowest member stays O(1) amortised: removed offsets are
+    skipped lazily at the front of the insertion order, and the order is rebuilt when it holds
+    far more removed offsets than members (a record stuck at the front).
+    """
+
+    __slots__ = ("_members", "_order")
+
+    def __init__(self, offsets: Sequence[int] = ()) -> None:
+        self._order: deque[int] = deque(offsets)
+        self._members: set[int] = set(offsets)
+
+    def add(self, offset: int) -> None:
+        """Add ``offset``, which must be above every offset added before."""
+        self._order.append(offset)
+        self._members.add(offset)
+
+    def discard(self, offset: int) -> None:
+        members = self._members
+        members.discard(offset)
+        if len(self._order) > 4 * len(members) + 4096:
+            self._order = deque(sorted(members))
+
+    def lowest(self) -> int | None:
+        order, members = self._order, self._members
+        while order and order[0] not in members:
+            order.popleft()
+        return order[0] if order else None
+
+    def below(self, limit: int) -> list[int]:
+        """Members below ``limit``, ascending."""
+        members = self._members
+        out = []
+        for offset in self._order:
+            if offset >= limit:
+                break
+            if offset in members:
+                out.append(offset)
+        return out
+
+    def sorted(self) -> list[int]:
+        members = self._members
+        return [offset for offset in self._order if offset in members]
+
+    def clear(self) -> None:
+        self._order.clear()
+        self._members.clear()
+
+    def __contains__(self, offset: object) -> bool:
+        return offset in self._members
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.sorted())
+
+    def __bool__(self) -> bool:
+        return bool(self._members)
+
+    def __repr__(self) -> str:
+        return f"<IncompleteOffsets {len(self._members)} lowest={self.lowest()}>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +123,9 @@ class PartitionState:
     ) -> None:
         self.tp = tp
         self.epoch = epoch
-        self.incomplete: SortedList[int] = SortedList(restored_incomplete)
-        #: Restored incomplete offsets that no poll has delivered yet.
-        self._unpolled: SortedList[int] = SortedList(restored_incomplete)
+        self.incomplete = IncompleteOffsets(restored_incomplete)
+        #: Restored incomplete offsets that no poll has delivered yet (ascending).
+        self._unpolled: list[int] = list(restored_incomplete)
         self.highest_seen = restored_highest
         self.highest_succeeded = restored_highest
         #: Offsets at or below this that are not incomplete were finished before a restart.
@@ -93,7 +160,7 @@ class PartitionState:
             self._bootstrap = False
             self._check_start(first)
         if self._unpolled:
-            self._prune_gaps(first, last, messages)
+            self._forget_unpolled(first, last, messages)
         fresh: list[Any] = []
         incomplete = self.incomplete
         for message in messages:
@@ -104,7 +171,6 @@ class PartitionState:
             if offset <= self._restored_highest:
                 if offset not in incomplete:
                     continue  # finished before the restart
-                self._unpolled.discard(offset)
             else:
                 incomplete.add(offset)
             fresh.append(message)
@@ -115,7 +181,7 @@ class PartitionState:
     def _check_start(self, first: int) -> None:
         expected = self.offset_to_commit()
         if first > expected:
-            gone = list(self.incomplete.irange(maximum=first - 1))
+            gone = self.incomplete.below(first)
             if gone:
                 log.warning(
                     "%s[%d]: first polled offset %d is above the committed position %d "
@@ -127,8 +193,8 @@ class PartitionState:
                     len(gone),
                 )
                 for offset in gone:
-                    self.incomplete.remove(offset)
-                    self._unpolled.discard(offset)
+                    self.incomplete.discard(offset)
+                self._unpolled = [o for o in self._unpolled if o >= first]
                 self._changed()
         elif first < expected:
             log.warning(
@@ -147,17 +213,20 @@ class PartitionState:
             self.highest_succeeded = first - 1
             self._changed()
 
-    def _prune_gaps(self, first: int, last: int, messages: Sequence[Any]) -> None:
-        missing = list(self._unpolled.irange(first, last))
-        if not missing:
+    def _forget_unpolled(self, first: int, last: int, messages: Sequence[Any]) -> None:
+        """Restored offsets inside a polled batch are delivered now; those absent from it were
+        compacted away (or are transaction markers) and are no longer incomplete."""
+        unpolled = self._unpolled
+        start = bisect.bisect_left(unpolled, first)
+        stop = bisect.bisect_right(unpolled, last, lo=start)
+        if start == stop:
             return
         present = {m.offset() for m in messages}
-        for offset in missing:
+        for offset in unpolled[start:stop]:
             if offset not in present:
-                # Inside a contiguous fetch and absent: compacted away or a transaction marker.
-                self._unpolled.remove(offset)
-                self.incomplete.remove(offset)
+                self.incomplete.discard(offset)
                 self._changed()
+        del unpolled[start:stop]
 
     def succeeded(self, offset: int) -> None:
         self.incomplete.discard(offset)
@@ -168,14 +237,14 @@ class PartitionState:
             self.blocked = False
 
     def _has_holes(self) -> bool:
-        return bool(self.incomplete) and self.incomplete[0] < self.highest_succeeded
+        lowest = self.incomplete.lowest()
+        return lowest is not None and lowest < self.highest_succeeded
 
     # -- commits ------------------------------------------------------------------------------
 
     def offset_to_commit(self) -> int:
-        if self.incomplete:
-            return int(self.incomplete[0])
-        return self.highest_succeeded + 1
+        lowest = self.incomplete.lowest()
+        return self.highest_succeeded + 1 if lowest is None else lowest
 
     @property
     def dirty(self) -> bool:
