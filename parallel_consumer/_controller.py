@@ -167,6 +167,7 @@ class Controller:
         """One turn of the loop: wait for events (if ``block``), handle them, dispatch, commit,
         update pauses. Returns True when a close has completed. Runs on the controller thread;
         tests call it directly, without starting the thread, to step the engine by hand."""
+        self._assert_owner()
         inbox = self._inbox
         clock = self._clock
         now = clock.monotonic()
@@ -198,6 +199,14 @@ class Controller:
             self._poller.send(Release(self._to_release))
             self._to_release = 0
         return self._close_requested is not None and self._close_step(now)
+
+    def _assert_owner(self) -> None:
+        owner = self._thread.ident
+        if owner is not None and owner != threading.get_ident():
+            raise RuntimeError(
+                f"the controller's state belongs to {self._thread.name}; "
+                f"{threading.current_thread().name} must post events instead"
+            )
 
     def _next_deadline(self, now: float) -> float:
         deadline = self._next_commit

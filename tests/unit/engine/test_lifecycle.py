@@ -221,3 +221,11 @@ def test_close_before_start_closes_the_client(cluster):
     pc.close()
     assert pc.lifecycle is Lifecycle.CLOSED
     pc.close()  # idempotent
+
+
+def test_controller_state_cannot_be_stepped_from_another_thread(harness, cluster):
+    cluster.create_topic("t")
+    pc = harness.make()
+    pc.poll(lambda ctx: None)
+    with pytest.raises(RuntimeError, match="must post events"):
+        pc._controller.run_once(block=False)
