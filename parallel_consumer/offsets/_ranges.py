@@ -1,55 +1,44 @@
-"""The plain encodings of one offset range, built lazily by one of two interchangeable kernels.
+"""The plain encodings of one offset range, built lazily from its sorted incomplete offsets.
 
-``PureRange`` uses bitarray and C-level iteration over Python ints; ``NumpyRange`` does the same
-work on int64 arrays and is several times faster. numpy is optional (not a dependency of the
-package): :func:`range_encoder` uses it when it imports. Both produce identical bytes, which the
-property tests check.
+Per-offset work in Python is what makes a codec slow, so :class:`RangeEncoder` does almost none
+past one list comprehension (the relative offsets, which the bitset indexes with): the offsets
+are packed once with ``struct`` into one big integer holding a 32-bit field per offset (64-bit
+when the range is longer than any bitset), and the rest is whole-integer arithmetic and bytes
+operations that CPython runs in C:
+
+* neighbour differences are ``(F & LOW) - (F >> bits)``; every field is below
+  ``2**(bits - 1)``, so a difference below the expected minimum sets its field's top bit (no
+  field can borrow from its neighbour without setting its own top bit first);
+* run-length data needs the first and last offset of each group of consecutive incompletes:
+  fields that are not group boundaries are overwritten with ``0xFF`` bytes and removed with
+  ``bytes.replace``. Kept fields start with a byte below ``0x80``, so every ``0xFF`` stretch is
+  the deleted fields plus at most ``width - 1`` trailing bytes of a kept field, and removing
+  whole ``width``-byte patterns from it leaves exactly the kept bytes;
+* the run lengths of group ``j`` are ``last_j - first_j + 1`` (incomplete) and
+  ``first_{j+1} - last_j - 1`` (complete): two subtractions, two ``to_bytes`` and a strided
+  ``memoryview`` copy give RunLength v2, and v1 is the low half of each of its int32 values.
+
+Output is byte-for-byte the straightforward per-offset construction (a property test compares
+the two); the layouts are described in ``bitset`` and ``run_length``.
 """
 
 from __future__ import annotations
 
+import struct
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from itertools import islice
 from operator import lt
-from typing import TYPE_CHECKING, Protocol
 
-from parallel_consumer.offsets.bitset import encode_bitset, encoded_bitset_size
-from parallel_consumer.offsets.run_length import (
-    encode_runs,
-    encoded_runs_size,
-    runs_from_incompletes,
-)
+from parallel_consumer.offsets.bitset import encode_bitset
 
-if TYPE_CHECKING:
-    import numpy as np
-    import numpy.typing as npt
+__all__ = ["RangeEncoder", "range_encoder"]
 
-try:
-    import numpy
-except ImportError:  # pragma: no cover - exercised only where numpy is absent
-    numpy = None  # type: ignore[assignment]
-
-__all__ = ["HAS_NUMPY", "NumpyRange", "PureRange", "RangeEncoder", "range_encoder"]
-
-HAS_NUMPY = numpy is not None
-_WIDTH = {1: 2, 2: 4}
 _MAX_RUN = {1: 2**15 - 1, 2: 2**31 - 1}
+_DELETED_BYTE = b"\xff"
 
 
-class RangeEncoder(Protocol):
-    """Builds the uncompressed encoder data (no magic byte) of one range on demand."""
-
-    def bitset(self, version: int) -> bytes | None: ...
-
-    def run_length_size(self, version: int) -> int | None: ...
-
-    def run_length(self, version: int) -> bytes | None: ...
-
-
-def range_encoder(
-    base: int, stop: int, length: int, offsets: Iterable[int], *, use_numpy: bool
-) -> RangeEncoder:
+def range_encoder(base: int, stop: int, length: int, offsets: Iterable[int]) -> RangeEncoder:
     """An encoder for the range ``[base, base + length)`` whose incompletes are ``offsets`` in
     ``[base, stop)``; ``offsets`` must be sorted ascending without duplicates (ValueError if not).
     """
@@ -57,106 +46,133 @@ def range_encoder(
     low = bisect_left(ordered, base)
     high = bisect_left(ordered, stop, lo=low)
     selected = list(ordered[low:high]) if high > low else []
-    if use_numpy:
-        return NumpyRange(base, length, selected)
-    return PureRange(base, length, selected)
+    return RangeEncoder(base, length, selected)
+
+
+class RangeEncoder:
+    """Builds the uncompressed encoder data (no magic byte) of one range on demand.
+
+    ``selected`` are the incomplete offsets inside the range, strictly increasing (checked).
+    """
+
+    def __init__(self, base: int, length: int, selected: list[int]) -> None:
+        self._length = length
+        count = len(selected)
+        self._relative = relative = [offset - base for offset in selected] if base else selected
+        self._runs: dict[int, bytes | None] | None = None
+        # Relative offsets packed one per field (field 0 most significant), a 1 in every field,
+        # and every neighbour difference minus one (one field fewer); all 0 for no offsets.
+        self._fields = self._ones = self._steps = 0
+        # 32-bit fields hold any offset of a range short enough for a bitset.
+        self._bits = bits = 32 if length <= 2**31 else 64
+        if not count:
+            return
+        try:
+            packed = struct.pack(f">{count}{'I' if bits == 32 else 'Q'}", *relative)
+        except struct.error:
+            raise _bad_offsets(relative) from None
+        fields = int.from_bytes(packed, "big")
+        ones = int.from_bytes((1).to_bytes(bits // 8, "big") * count, "big")
+        if fields & (ones << (bits - 1)):  # every field must stay below 2**(bits - 1)
+            raise _bad_offsets(relative)
+        step_ones = ones >> bits
+        steps = (fields & ((1 << (bits * (count - 1))) - 1)) - (fields >> bits) - step_ones
+        if steps < 0 or steps & (step_ones << (bits - 1)):
+            raise _unsorted()
+        self._fields, self._ones, self._steps = fields, ones, steps
+
+    def bitset(self, version: int) -> bytes | None:
+        return encode_bitset(self._length, self._relative, version)
+
+    def run_length_size(self, version: int) -> int | None:
+        data = self.run_length(version)
+        return None if data is None else len(data)
+
+    def run_length(self, version: int) -> bytes | None:
+        if self._runs is None:
+            self._runs = self._build_runs()
+        return self._runs[version]
+
+    def _build_runs(self) -> dict[int, bytes | None]:
+        length, relative = self._length, self._relative
+        if not relative:
+            if length > _MAX_RUN[2]:
+                return {2: None, 1: None}
+            int32s = _pack([0, length] if length else [0])
+            return {1: _narrow(int32s) if length <= _MAX_RUN[1] else None, 2: int32s}
+        first, last = relative[0], relative[-1]
+        edges = ([0, first] if first else [], [length - 1 - last] if last < length - 1 else [])
+        longest_edge = max(max(edges[0], default=0), max(edges[1], default=0))
+        bits, fields, ones, count = self._bits, self._fields, self._ones, len(relative)
+        width = bits // 8
+        # A step field of 0 (difference 1) joins two offsets into one group of incompletes.
+        step_ones = ones >> bits
+        step_tops = step_ones << (bits - 1)
+        joins = ((self._steps + step_tops - step_ones) & step_tops) ^ step_tops
+        if joins:
+            marks = joins >> (bits - 1)
+            deleted = (marks << bits) - marks  # all ones in every joined field
+            firsts = _compact((fields | deleted).to_bytes(width * count, "big"), width)
+            lasts = _compact((fields | (deleted << bits)).to_bytes(width * count, "big"), width)
+            groups = len(firsts) // width
+            firsts_int = int.from_bytes(firsts, "big")
+            lasts_int = int.from_bytes(lasts, "big")
+            ones >>= bits * (count - groups)
+        else:
+            groups, firsts_int, lasts_int = count, fields, fields
+        incomplete = lasts_int - firsts_int + ones
+        complete = (
+            (firsts_int & ((1 << (bits * (groups - 1))) - 1)) - (lasts_int >> bits) - (ones >> bits)
+        )
+        longest = incomplete | complete  # below 2**m exactly when both fields are
+
+        def fits(version: int) -> bool:
+            limit = _MAX_RUN[version]
+            over = ((ones << (bits - limit.bit_length())) - ones) << limit.bit_length()
+            return not longest & over and longest_edge <= limit
+
+        fits_v1 = fits(1)
+        if not fits_v1 and not fits(2):
+            return {1: None, 2: None}
+        middle = _interleave(
+            incomplete.to_bytes(width * groups, "big"),
+            complete.to_bytes(width * (groups - 1), "big"),
+            width,
+        )
+        int32s = _pack(edges[0]) + middle + _pack(edges[1])
+        return {1: _narrow(int32s) if fits_v1 else None, 2: int32s}
+
+
+def _compact(data: bytes, width: int) -> bytes:
+    """Drop the all-0xFF fields (see the module docstring for why this is exact)."""
+    return data.replace(_DELETED_BYTE * width, b"")
+
+
+def _interleave(incomplete: bytes, complete: bytes, width: int) -> bytes:
+    """Big-endian int32 runs ``incomplete_0, complete_0, incomplete_1, ...`` from the low 32 bits
+    of big-endian ``width``-byte fields (every value below 2**31)."""
+    out = bytearray(len(incomplete) * 8 // width - 4)
+    words = memoryview(out).cast("I")
+    low = width // 4 - 1  # the index of each field's low 32 bits, counted in 32-bit words
+    words[0::2] = memoryview(incomplete).cast("I")[low :: low + 1]
+    words[1::2] = memoryview(complete).cast("I")[low :: low + 1]
+    return bytes(out)
+
+
+def _narrow(int32s: bytes) -> bytes:
+    """Big-endian int32 values that fit in int16, as big-endian int16 (their low halves)."""
+    return memoryview(int32s).cast("H")[1::2].tobytes()
+
+
+def _pack(runs: list[int]) -> bytes:
+    return struct.pack(f">{len(runs)}i", *runs)
 
 
 def _unsorted() -> ValueError:
     return ValueError("incomplete_offsets must be sorted ascending without duplicates")
 
 
-class PureRange:
-    """The bitarray/stdlib kernel."""
-
-    def __init__(self, base: int, length: int, selected: list[int]) -> None:
-        self._length = length
-        self._relative = list(map((-base).__add__, selected)) if base else selected
-        if not all(map(lt, self._relative, islice(self._relative, 1, None))):
-            raise _unsorted()
-        self._runs: list[int] | None = None
-
-    def _run_list(self) -> list[int]:
-        if self._runs is None:
-            self._runs = runs_from_incompletes(self._length, self._relative)
-        return self._runs
-
-    def bitset(self, version: int) -> bytes | None:
-        return encode_bitset(self._length, self._relative, version)
-
-    def run_length_size(self, version: int) -> int | None:
-        return encoded_runs_size(self._run_list(), version)
-
-    def run_length(self, version: int) -> bytes | None:
-        return encode_runs(self._run_list(), version)
-
-
-class NumpyRange:
-    """The numpy kernel: O(len(selected)) for run lengths, O(length / 8) for the bitset."""
-
-    def __init__(self, base: int, length: int, selected: list[int]) -> None:
-        assert numpy is not None
-        self._length = length
-        try:
-            offsets = numpy.fromiter(selected, dtype=numpy.int64, count=len(selected))
-        except OverflowError as exc:
-            raise ValueError("incomplete offsets must fit in a signed 64-bit integer") from exc
-        self._relative: npt.NDArray[np.int64] = offsets - numpy.int64(base)
-        if not bool(numpy.all(self._relative[1:] > self._relative[:-1])):
-            raise _unsorted()
-        self._runs: npt.NDArray[np.int64] | None = None
-
-    def _run_array(self) -> npt.NDArray[np.int64]:
-        assert numpy is not None
-        if self._runs is None:
-            rel, length = self._relative, self._length
-            if len(rel) == 0:
-                self._runs = numpy.array([0, length] if length else [0], dtype=numpy.int64)
-                return self._runs
-            # Same construction as run_length.runs_from_incompletes, on arrays.
-            gaps = numpy.diff(rel)
-            breaks = numpy.flatnonzero(gaps > 1)
-            starts = numpy.concatenate((rel[:1], rel[breaks + 1]))
-            ends = numpy.concatenate((rel[breaks], rel[-1:]))
-            runs = numpy.empty(2 * len(starts) - 1, dtype=numpy.int64)
-            runs[0::2] = ends - starts + 1
-            runs[1::2] = gaps[breaks] - 1
-            first, last = int(rel[0]), int(rel[-1])
-            head = [0, first] if first else []
-            tail = [length - 1 - last] if last < length - 1 else []
-            self._runs = numpy.concatenate(
-                (numpy.array(head, dtype=numpy.int64), runs, numpy.array(tail, dtype=numpy.int64))
-            )
-        return self._runs
-
-    def bitset(self, version: int) -> bytes | None:
-        assert numpy is not None
-        length = self._length
-        if encoded_bitset_size(length, version) is None:
-            return None
-        bits = numpy.full((length + 7) // 8 + 1, 0xFF, dtype=numpy.uint8)
-        bits[-1] = 0  # Java's spare zero byte
-        if length % 8:
-            bits[-2] = (1 << (length % 8)) - 1  # bits past the end stay clear
-        rel = self._relative
-        if len(rel):
-            # Clear one bit per incomplete offset: OR the masks of offsets sharing a byte first.
-            byte_index = rel >> 3
-            masks = numpy.left_shift(numpy.uint8(1), (rel & 7).astype(numpy.uint8))
-            first_in_byte = numpy.flatnonzero(
-                numpy.concatenate(([True], byte_index[1:] != byte_index[:-1]))
-            )
-            cleared = numpy.bitwise_or.reduceat(masks, first_in_byte)
-            bits[byte_index[first_in_byte]] &= ~cleared
-        return length.to_bytes(_WIDTH[version], "big") + bits.tobytes()
-
-    def run_length_size(self, version: int) -> int | None:
-        runs = self._run_array()
-        if int(runs.max()) > _MAX_RUN[version]:
-            return None
-        return _WIDTH[version] * len(runs)
-
-    def run_length(self, version: int) -> bytes | None:
-        if self.run_length_size(version) is None:
-            return None
-        return self._run_array().astype(">i2" if version == 1 else ">i4").tobytes()
+def _bad_offsets(relative: list[int]) -> ValueError:
+    if not all(map(lt, relative, islice(relative, 1, None))):
+        return _unsorted()
+    return ValueError("incomplete offsets must fit in a signed 64-bit integer")

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from parallel_consumer.offsets import _zstd
-from parallel_consumer.offsets._ranges import HAS_NUMPY, RangeEncoder, range_encoder
+from parallel_consumer.offsets._ranges import RangeEncoder, range_encoder
 from parallel_consumer.offsets.bitset import decode_bitset, encoded_bitset_size
 from parallel_consumer.offsets.encoding import OffsetEncoding
 from parallel_consumer.offsets.errors import KafkaStreamsMetadataError, OffsetDecodeError
@@ -100,18 +100,6 @@ def encode_offset_map(
     order. With ``force`` only that encoding is tried. Returns None when nothing can encode the
     range (v1 and v2 length fields all overflow).
     """
-    return _encode(base_offset, highest_succeeded, incomplete_offsets, force, use_numpy=HAS_NUMPY)
-
-
-def _encode(
-    base_offset: int,
-    highest_succeeded: int,
-    incomplete_offsets: Iterable[int],
-    force: OffsetEncoding | None,
-    *,
-    use_numpy: bool,
-) -> EncodedOffsetMap | None:
-    """:func:`encode_offset_map` with the kernel chosen by the caller (tests compare both)."""
     if force is not None and force not in _RANK:
         raise ValueError(f"cannot encode with {force.name}: it is not a decodable encoding")
     if base_offset < 0:
@@ -120,10 +108,7 @@ def _encode(
     high = max(high, base_offset - 1)
     length = high - base_offset + 1
     plan = _Candidates(
-        length,
-        range_encoder(
-            base_offset, highest_succeeded, length, incomplete_offsets, use_numpy=use_numpy
-        ),
+        length, range_encoder(base_offset, highest_succeeded, length, incomplete_offsets)
     )
     if force is not None:
         data = plan.data(force.plain)

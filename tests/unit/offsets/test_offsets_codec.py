@@ -17,13 +17,9 @@ from parallel_consumer.offsets import (
     decode_offset_map,
     encode_offset_map,
 )
+from parallel_consumer.offsets._ranges import range_encoder
 from parallel_consumer.offsets.bitset import decode_bitset, encode_bitset
-from parallel_consumer.offsets.codec import _encode
-from parallel_consumer.offsets.run_length import (
-    decode_run_length,
-    encode_runs,
-    runs_from_incompletes,
-)
+from parallel_consumer.offsets.run_length import decode_run_length
 
 DECODABLE = [e for e in OffsetEncoding if e.decodable]
 
@@ -34,6 +30,15 @@ def b64(payload: bytes) -> str:
 
 def payload(metadata: str) -> bytes:
     return base64.b64decode(metadata)
+
+
+def run_lengths(length: int, incompletes: list[int], version: int = 2) -> list[int] | None:
+    """The run lengths the encoder writes for a range starting at 0, unpacked again."""
+    data = range_encoder(0, length, length, incompletes).run_length(version)
+    if data is None:
+        return None
+    width = 2 if version == 1 else 4
+    return [int.from_bytes(data[i : i + width], "big") for i in range(0, len(data), width)]
 
 
 # --- The worked example of the reference notes (base 100, H 105, incompletes {100, 103}) ---
@@ -112,10 +117,8 @@ def test_java_bitset_encoding_test() -> None:
 
 
 def test_java_run_length_encoder_test() -> None:
-    runs = runs_from_incompletes(11, JAVA_PATTERN)
-
-    assert runs == [1, 3, 1, 1, 3, 1, 1]
-    data = encode_runs(runs, 1)
+    assert run_lengths(11, JAVA_PATTERN) == [1, 3, 1, 1, 3, 1, 1]
+    data = range_encoder(0, 11, 11, JAVA_PATTERN).run_length(1)
     assert data == bytes.fromhex("0001 0003 0001 0001 0003 0001 0001")
     assert decode_run_length(data, 1, 0, max_incompletes=100) == (10, tuple(JAVA_PATTERN))
 
@@ -134,7 +137,23 @@ def test_java_run_length_encoder_test() -> None:
 def test_run_lengths_start_incomplete_and_end_with_the_tail(
     length: int, incompletes: list[int], runs: list[int]
 ) -> None:
-    assert runs_from_incompletes(length, incompletes) == runs
+    assert run_lengths(length, incompletes, 1) == runs
+    assert run_lengths(length, incompletes, 2) == runs
+
+
+@pytest.mark.parametrize(
+    ("length", "incompletes", "runs"),
+    [
+        (40_000, [0, 39_999], [1, 39_998, 1]),
+        (3 * 2**30, [0, 1, 2**30, 2**31 + 5], [2, 2**30 - 2, 1, 2**30 + 4, 1, 2**30 - 6]),
+    ],
+)
+def test_runs_above_the_v1_limit_are_v2_only(
+    length: int, incompletes: list[int], runs: list[int]
+) -> None:
+    # The second case is longer than any bitset, so it also exercises the 64-bit field path.
+    assert run_lengths(length, incompletes, 1) is None
+    assert run_lengths(length, incompletes, 2) == runs
 
 
 # --- Overflow of the v1 layouts ---
@@ -203,10 +222,17 @@ def test_incompletes_below_base_are_ignored() -> None:
     assert decode_offset_map(10, encoded.metadata).incomplete == (10, 12)
 
 
-@pytest.mark.parametrize("use_numpy", [True, False])
-def test_unsorted_incompletes_are_rejected(use_numpy: bool) -> None:
+@pytest.mark.parametrize(
+    "incompletes", [[0, 5, 5, 7], [0, 7, 5, 8], [0, 2**64, 3, 5], [0, 9, 3, -4]]
+)
+def test_unsorted_incompletes_are_rejected(incompletes: list[int]) -> None:
     with pytest.raises(ValueError, match="sorted"):
-        _encode(0, 10, [0, 5, 5, 7], None, use_numpy=use_numpy)
+        encode_offset_map(0, 10, incompletes)
+
+
+def test_incompletes_beyond_int64_are_rejected() -> None:
+    with pytest.raises(ValueError, match="64-bit"):
+        encode_offset_map(2**63, 2**64 + 10, [2**64 + 1])
 
 
 def test_offsets_near_2_to_62() -> None:
