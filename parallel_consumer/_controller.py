@@ -7,6 +7,7 @@ futures and by sending commands to the poller and batches to the runner.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import logging
@@ -24,6 +25,7 @@ from parallel_consumer._events import (
     PartitionsLost,
     PartitionsRevoked,
     PollerFailed,
+    PositionsReached,
     RecordsPolled,
     Release,
     SetPaused,
@@ -233,6 +235,11 @@ class Controller:
         elif isinstance(event, PartitionsLost):
             for tp in event.tps:
                 self._forget(tp)
+        elif isinstance(event, PositionsReached):
+            for tp, epoch, offset in event.positions:
+                state = self._partitions.get(tp)
+                if state is not None and state.epoch == epoch:
+                    state.read_to(offset)
         elif isinstance(event, Control):
             self._on_control(event)
         elif isinstance(event, PollerFailed):
@@ -411,6 +418,16 @@ class Controller:
             state.highest_succeeded,
             max_metadata_bytes=self._options.max_metadata_bytes,
         )
+        if not state.incomplete:
+            # Nothing unfinished: the client's read position may be past trailing transaction
+            # markers or aborted records, which would otherwise show as lag forever.
+            target = state.offset_to_commit()
+            if plan is None and target > max(0, state.committed_offset or 0):
+                plan = CommitPlan(
+                    offset=target, metadata="", status=MetadataStatus.FITS, encoding=None, size=0
+                )
+            elif plan is not None and plan.offset < target:
+                plan = dataclasses.replace(plan, offset=target)
         if plan is None:
             return None
         state.metadata_size = plan.size

@@ -20,6 +20,7 @@ __all__ = [
     "PartitionsRevoked",
     "PollerCommand",
     "PollerFailed",
+    "PositionsReached",
     "RecordsPolled",
     "Release",
     "SetPaused",
@@ -37,6 +38,15 @@ class RecordsPolled:
 
     batches: dict[TopicPartition, tuple[int, list[Any]]]  # tp -> (epoch, messages)
     count: int
+
+
+@dataclass(frozen=True, slots=True)
+class PositionsReached:
+    """The client's fetch positions: every offset below one was either delivered in an earlier
+    ``RecordsPolled`` or does not exist as a record (transaction markers, aborted records,
+    compaction gaps). Lets a partition commit past a trailing transaction marker."""
+
+    positions: tuple[tuple[TopicPartition, int, int], ...]  # (tp, epoch, offset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +122,7 @@ ControllerEvent = (
     | PartitionsAssigned
     | PartitionsRevoked
     | PartitionsLost
+    | PositionsReached
     | CommitResult
     | PollerFailed
     | WorkDone

@@ -33,6 +33,7 @@ from parallel_consumer._events import (
     PartitionsRevoked,
     PollerCommand,
     PollerFailed,
+    PositionsReached,
     RecordsPolled,
     Release,
     SetPaused,
@@ -84,6 +85,9 @@ class Poller:
         self._held = 0
         self._wanted_paused: frozenset[TopicPartition] = frozenset()
         self._paused: set[TopicPartition] = set()
+        #: Per partition: the client position last reported, and one past the last delivered offset.
+        self._positions: dict[TopicPartition, int] = {}
+        self._delivered_to: dict[TopicPartition, int] = {}
         self._async_commits = 0
         self._stopping = False
 
@@ -142,6 +146,7 @@ class Poller:
                 )
                 if messages:
                     self._hand_over(messages)
+                self._report_positions()
         except BaseException as exc:
             log.error("poller failed", exc_info=True)
             self._post(PollerFailed(exc))
@@ -187,9 +192,37 @@ class Poller:
                 batch = batches[tp] = (epoch, [])
             batch[1].append(message)
             count += 1
+        for tp, (_, batch_messages) in batches.items():
+            self._delivered_to[tp] = batch_messages[-1].offset() + 1
         if count:
             self._held += count
             self._post(RecordsPolled(batches, count))
+
+    def _report_positions(self) -> None:
+        """Tell the controller when the client has read past the last delivered record.
+
+        That happens only where the log ends with offsets that are not records (transaction
+        markers, aborted records): without it the group would show a lag of one forever.
+        """
+        if not self._epochs:
+            return
+        request = [KafkaTopicPartition(t, p) for t, p in self._epochs]
+        changed = []
+        for answer in self._consumer.position(request):
+            tp = (answer.topic, answer.partition)
+            offset = answer.offset
+            epoch = self._epochs.get(tp)
+            if (
+                epoch is None
+                or offset < 0
+                or offset <= self._delivered_to.get(tp, -1)
+                or offset == self._positions.get(tp)
+            ):
+                continue
+            self._positions[tp] = offset
+            changed.append((tp, epoch, offset))
+        if changed:
+            self._post(PositionsReached(tuple(changed)))
 
     def _client_error(self, error: Any) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
@@ -272,6 +305,8 @@ class Poller:
         for p in partitions:
             tp = (p.topic, p.partition)
             self._epochs[tp] = epoch
+            self._positions.pop(tp, None)
+            self._delivered_to.pop(tp, None)
             found = committed.get(tp)
             offset, metadata = found if found is not None else (None, None)
             assignments.append(Assignment(tp, epoch, offset, metadata))
@@ -304,6 +339,8 @@ class Poller:
         for tp in tps:
             self._epochs.pop(tp, None)
             self._paused.discard(tp)
+            self._positions.pop(tp, None)
+            self._delivered_to.pop(tp, None)
         log.info("revoked %s", _names(partitions))
         if not self._stopping:
             reply: Future[list[tuple[TopicPartition, int, str]]] = Future()
@@ -328,6 +365,8 @@ class Poller:
         for tp in tps:
             self._epochs.pop(tp, None)
             self._paused.discard(tp)
+            self._positions.pop(tp, None)
+            self._delivered_to.pop(tp, None)
         log.warning("lost %s without a final commit", _names(partitions))
         self._post(PartitionsLost(tps))
         self._call_user(self._user_on_revoke, consumer, partitions)

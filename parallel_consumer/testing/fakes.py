@@ -222,6 +222,15 @@ class FakeConsumer:
             self._paused.difference_update((p.topic, p.partition) for p in partitions)
             self._cond.notify_all()
 
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        with self._cond:
+            return [
+                TopicPartition(
+                    p.topic, p.partition, self._assigned.get((p.topic, p.partition), -1001)
+                )
+                for p in partitions
+            ]
+
     def assignment(self) -> list[TopicPartition]:
         with self._cond:
             return [TopicPartition(t, p) for t, p in self._assigned]

@@ -131,6 +131,8 @@ class PartitionState:
         #: Offsets at or below this that are not incomplete were finished before a restart.
         self._restored_highest = restored_highest
         self._highest_polled = -1
+        #: The client's read position: offsets below it that were never delivered are not records.
+        self._read_to = -1
         self._bootstrap = True
         self.committed_offset = committed_offset
         #: Bumped on every change that alters what would be committed.
@@ -242,9 +244,23 @@ class PartitionState:
 
     # -- commits ------------------------------------------------------------------------------
 
+    def read_to(self, position: int) -> None:
+        """The client has read up to ``position`` (exclusive), and every record below it was
+        delivered before this call: the offsets in between are transaction markers, aborted or
+        compacted records, which count as finished."""
+        if position > self._read_to:
+            before = self.offset_to_commit()
+            self._read_to = position
+            if self.offset_to_commit() != before:
+                self._changed()
+
     def offset_to_commit(self) -> int:
         lowest = self.incomplete.lowest()
-        return self.highest_succeeded + 1 if lowest is None else lowest
+        if lowest is not None:
+            return lowest
+        if self._read_to > self._highest_polled:
+            return max(self.highest_succeeded + 1, self._read_to)
+        return self.highest_succeeded + 1
 
     @property
     def dirty(self) -> bool:

@@ -61,6 +61,21 @@ class TestPartitionState:
         assert list(state.incomplete) == [0, 1, 2]
         assert state.offset_to_commit() == 0
 
+    def test_read_position_past_trailing_markers_moves_the_commit_when_nothing_is_unfinished(self):
+        state = PartitionState(TP, 1)
+        state.accept(msgs(0, 1, 2))
+        state.succeeded(0)
+        state.read_to(5)  # 3 and 4 are transaction markers / aborted records
+        assert state.offset_to_commit() == 1  # 1 and 2 are still unfinished
+        state.succeeded(1)
+        state.succeeded(2)
+        assert state.offset_to_commit() == 5
+        state.commit_sent(5, "")
+        state.commit_acknowledged(5, "", ok=True)
+        assert not state.dirty
+        state.read_to(5)  # the same position again changes nothing
+        assert not state.dirty
+
     def test_records_delivered_twice_are_registered_once(self):
         state = PartitionState(TP, 1)
         assert len(state.accept(msgs(0, 1, 2))) == 3
