@@ -57,6 +57,10 @@ log = logging.getLogger("parallel_consumer")
 
 #: After the work is done on close, how long the final commit may take to be acknowledged.
 FINAL_COMMIT_TIMEOUT = 10.0
+#: How long the poller (and, after a failure, the workers) may take to stop.
+STOP_TIMEOUT = 10.0
+#: A commit neither acknowledged nor failed after this long is sent again.
+PENDING_COMMIT_TIMEOUT = 30.0
 #: How often paused partitions are checked for resumption while nothing else happens.
 PAUSE_CHECK_INTERVAL = 0.005
 
@@ -72,6 +76,7 @@ class Controller:
         poller: Any,  # anything with send(PollerCommand) and join(timeout) -> bool
         committer: Committer,
         clock: Clock,
+        name: str | None = None,
     ) -> None:
         self._options = options
         self._runner = runner
@@ -80,7 +85,7 @@ class Controller:
         self._clock = clock
         self._inbox: queue.SimpleQueue[ControllerEvent] = queue.SimpleQueue()
         self._thread = threading.Thread(
-            target=self._run, name=f"{options.name}-controller", daemon=True
+            target=self._run, name=f"{name or options.name}-controller", daemon=True
         )
         #: Written only by the controller thread; others may read it.
         self.lifecycle = Lifecycle.NEW
@@ -149,7 +154,11 @@ class Controller:
             self._loop()
         except BaseException as exc:
             log.error("controller failed", exc_info=True)
-            self._failure = self._failure or exc
+            if isinstance(exc, InternalError):
+                self._failure = exc
+            else:
+                self._failure = InternalError(f"the controller failed: {exc!r}")
+                self._failure.__cause__ = exc
             self._emergency_stop()
         finally:
             self.lifecycle = Lifecycle.CLOSED
@@ -310,7 +319,7 @@ class Controller:
             if state is not None and (state.dirty or state.pending_commits):
                 plan = self._plan(state)
                 if plan is not None:
-                    state.commit_sent(plan.offset, plan.metadata)
+                    state.commit_sent(plan.offset, plan.metadata, self._clock.monotonic())
                     offsets.append((tp, plan.offset, plan.metadata))
                     self._commits_sent += 1
             self._forget(tp)
@@ -402,8 +411,13 @@ class Controller:
 
     def _release_due_retries(self, now: float) -> None:
         retries = self._retries
+        due = []
         while retries and retries[0][0] <= now:
-            item = heapq.heappop(retries)[2]
+            due.append(heapq.heappop(retries)[2])
+        # Each goes back to the front of its shard: the highest offset first, so that records of
+        # a failed batch end up in offset order again.
+        due.sort(key=lambda item: item.offset, reverse=True)
+        for item in due:
             state = self._partitions.get(item.tp)
             if state is None or state.epoch != item.epoch:
                 self._to_release += 1
@@ -454,14 +468,18 @@ class Controller:
         return plan
 
     def _commit_dirty(self, *, final: bool = False) -> None:
+        now = self._clock.monotonic()
         offsets = []
         for tp, state in self._partitions.items():
             if not state.dirty:
                 continue
             plan = self._plan(state)
-            if plan is None or (not final and state.commit_pending(plan.offset, plan.metadata)):
+            if plan is None:
                 continue
-            state.commit_sent(plan.offset, plan.metadata)
+            sent_at = state.pending_commits.get((plan.offset, plan.metadata))
+            if not final and sent_at is not None and now - sent_at[1] < PENDING_COMMIT_TIMEOUT:
+                continue  # the same commit is on its way; its answer decides
+            state.commit_sent(plan.offset, plan.metadata, now)
             offsets.append((tp, plan.offset, plan.metadata))
         if offsets:
             self._commits_sent += len(offsets)
@@ -564,17 +582,17 @@ class Controller:
         if pending:
             log.warning("the final commit was not acknowledged in time")
         self._poller.send(StopPoller())
-        if not self._poller.join(self._options.shutdown_timeout):
+        if not self._poller.join(STOP_TIMEOUT):
             log.warning("the poller did not stop in time")
         return True
 
     def _emergency_stop(self) -> None:
         """After a failure: stop the workers and the poller without committing."""
         try:
-            self._runner.stop(timeout=self._options.shutdown_timeout)
+            self._runner.stop(timeout=STOP_TIMEOUT)
         finally:
             self._poller.send(StopPoller())
-            self._poller.join(self._options.shutdown_timeout)
+            self._poller.join(STOP_TIMEOUT)
 
     def _answer_pending_controls(self) -> None:
         while True:

@@ -51,7 +51,8 @@ RebalanceCallback = Callable[[Any, list[Any]], object]
 POLL_TIMEOUT = 0.05
 #: How long a revoke waits for the controller's final offsets of the revoked partitions.
 REVOKE_TIMEOUT = 10.0
-#: How long a commit or committed() request may take before the attempt counts as failed.
+#: How long one committed() request (on assignment) may take before the attempt counts as failed.
+#: Commits have no timeout of ours: the client's own request timeouts apply.
 REQUEST_TIMEOUT = 10.0
 
 

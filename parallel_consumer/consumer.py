@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaException
 
 from parallel_consumer._clock import Clock, SystemClock
-from parallel_consumer._controller import FINAL_COMMIT_TIMEOUT, Controller
+from parallel_consumer._controller import FINAL_COMMIT_TIMEOUT, STOP_TIMEOUT, Controller
 from parallel_consumer._poller import Poller, RebalanceCallback
 from parallel_consumer.commit import ConsumerCommitter
 from parallel_consumer.context import PollContext
@@ -51,7 +51,7 @@ def _checked_config(config: object) -> dict[str, Any]:
     if not result.get("bootstrap.servers"):
         raise ConfigurationError("consumer_config needs 'bootstrap.servers' (host:port[,...])")
     auto_commit = result.get("enable.auto.commit", False)
-    if auto_commit not in (False, "false", "False", 0, "0"):
+    if str(auto_commit).strip().lower() not in ("false", "0"):
         raise ConfigurationError(
             "consumer_config sets 'enable.auto.commit' to true: ParallelConsumer commits offsets "
             "itself (with the map of finished records), so remove it or set it to False"
@@ -109,6 +109,7 @@ class ParallelConsumer:
             raise ConfigurationError(f"invalid consumer_config: {exc}") from exc
         self._controller = Controller(
             options,
+            name=self._name,
             runner=ThreadRunner(options.max_concurrency, self._clock, name=self._name),
             poller=self._poller,
             committer=ConsumerCommitter(self._poller, options.commit_mode),
@@ -216,13 +217,16 @@ class ParallelConsumer:
         except FutureTimeout:
             raise TimeoutError(f"the controller did not answer {action}() within 10s") from None
 
-    def close(self, drain: bool = True, timeout: float = 30.0) -> None:
+    def close(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop processing, commit what finished, close the Kafka client; re-raise a failure.
 
-        ``drain=True`` first runs every buffered record (and due retries); ``drain=False`` only
-        lets in-flight calls finish. ``timeout`` bounds that wait; records not finished by then
-        are left uncommitted and are processed again by the partition's next owner.
+        ``drain=True`` first runs every buffered record (and retries); ``drain=False`` only lets
+        in-flight calls finish. ``timeout`` (default ``Options.shutdown_timeout``, 30 s) bounds
+        that wait; records not finished by then are left uncommitted and are processed again by
+        the partition's next owner. The final commit and closing the client take up to ~10 s more.
         """
+        if timeout is None:
+            timeout = self._options.shutdown_timeout
         if self.lifecycle is Lifecycle.NEW:
             self._poller.close_unstarted()
             self._controller.lifecycle = Lifecycle.CLOSED
@@ -230,7 +234,7 @@ class ParallelConsumer:
             return
         if self.lifecycle is not Lifecycle.CLOSED:
             self._controller.request("close", drain=drain, timeout=timeout)
-        grace = timeout + FINAL_COMMIT_TIMEOUT + self._options.shutdown_timeout + 5.0
+        grace = timeout + FINAL_COMMIT_TIMEOUT + STOP_TIMEOUT + 5.0
         if not self.wait(grace):
             raise TimeoutError(f"ParallelConsumer did not close within {grace:.0f}s")
 

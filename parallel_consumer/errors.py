@@ -27,7 +27,8 @@ class ConfigurationError(ParallelConsumerError, ValueError):
 class InternalError(ParallelConsumerError):
     """The engine stopped because of a fault outside user code (the broker, the client, a bug).
 
-    It is stored in ``ParallelConsumer.failure`` and re-raised by ``wait()`` and ``close()``.
+    It is stored in ``ParallelConsumer.failure`` and re-raised by ``wait()`` and ``close()``;
+    the original exception, if any, is its ``__cause__``.
     """
 
 

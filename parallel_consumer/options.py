@@ -124,13 +124,15 @@ class Options:
     max_buffered_records: int | None = None
     #: The broker's ``offset.metadata.max.bytes``; offset maps larger than this are not sent.
     max_metadata_bytes: int = 4096
-    #: How long close() waits for in-flight handler calls (and drain) before giving up.
-    shutdown_timeout: float = 10.0
+    #: How long ``close()`` waits, by default, for buffered work (``drain=True``) and in-flight
+    #: handler calls before it gives up on them; ``close(timeout=...)`` overrides it per call.
+    shutdown_timeout: float = 30.0
     #: What to do with committed metadata that cannot be decoded (see InvalidMetadataPolicy).
     invalid_metadata_policy: InvalidMetadataPolicy = InvalidMetadataPolicy.REPLAY
     #: Most records the poller takes from the client per ``consume()`` call.
     fetch_batch_size: int = 500
-    #: Extra per-instance label used in thread names and logs.
+    #: Prefix of the instance's thread names (``<name>-<n>-controller``, ``-poller``,
+    #: ``-worker-<i>``; ``n`` counts instances in the process).
     name: str = field(default="pc")
 
     def __post_init__(self) -> None:

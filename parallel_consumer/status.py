@@ -48,6 +48,9 @@ class Statistics:
     commits_sent: int
     commits_acknowledged: int
     commit_failures: int
+    #: Partitions the controller asked the poller to pause (a full per-partition backlog,
+    #: pause(), close). When ``held`` reaches the bound the poller also pauses every partition
+    #: by itself, which this count does not include.
     paused_partitions: int
     #: Partitions whose offset map is near or over the metadata limit (only holes run there).
     blocked_partitions: int

@@ -72,6 +72,11 @@ class ThreadRunner:
                 handler(context)
             except Exception as exc:
                 done(WorkDone(items, exc, monotonic()))
+            except BaseException as exc:
+                # SystemExit / KeyboardInterrupt raised by a handler would silently end this
+                # worker and strand its records in flight: count it as a failure instead.
+                log.error("handler raised %r; treating it as a failure of the call", exc)
+                done(WorkDone(items, exc, monotonic()))
             else:
                 done(WorkDone(items, None, monotonic()))
 

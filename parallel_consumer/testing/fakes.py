@@ -127,6 +127,7 @@ class FakeConsumer:
         self._pending_rebalances: list[tuple[list[TP], list[TP]]] = []
         self._pending_commit_callbacks: list[tuple[Any, list[TopicPartition]]] = []
         self._fail_commits = 0
+        self._lose_answers = 0
         self._first_assignment_done = False
         self._closed = False
         #: Every commit request received: (tp, offset, metadata). For assertions.
@@ -139,6 +140,11 @@ class FakeConsumer:
         with self._cond:
             self._pending_rebalances.append((list(revoke), list(assign)))
             self._cond.notify_all()
+
+    def lose_next_commit_answers(self, count: int) -> None:
+        """Store the next ``count`` asynchronous commits but never call ``on_commit`` for them."""
+        with self._cond:
+            self._lose_answers += count
 
     def fail_next_commits(self, count: int) -> None:
         """Make the next ``count`` commit requests fail (as a coordinator error would)."""
@@ -197,6 +203,9 @@ class FakeConsumer:
                     tp.metadata,
                 )
             if asynchronous:
+                if self._lose_answers:
+                    self._lose_answers -= 1
+                    return None
                 self._pending_commit_callbacks.append((None, requested))
                 self._cond.notify_all()
                 return None

@@ -138,8 +138,8 @@ class PartitionState:
         #: Bumped on every change that alters what would be committed.
         self.version = 0
         self._clean_version = 0
-        #: Commits sent and not yet acknowledged: (offset, metadata) -> version they captured.
-        self.pending_commits: dict[tuple[int, str], int] = {}
+        #: Commits sent and not yet answered: (offset, metadata) -> (version captured, sent at).
+        self.pending_commits: dict[tuple[int, str], tuple[int, float]] = {}
         #: Offset map too large: only records below ``highest_succeeded`` may run.
         self.blocked = False
         self.metadata_size = 0
@@ -269,29 +269,27 @@ class PartitionState:
     def _changed(self) -> None:
         self.version += 1
 
-    def commit_sent(self, offset: int, metadata: str) -> None:
-        self.pending_commits[(offset, metadata)] = self.version
+    def commit_sent(self, offset: int, metadata: str, at: float = 0.0) -> None:
+        self.pending_commits[(offset, metadata)] = (self.version, at)
 
     def commit_acknowledged(self, offset: int, metadata: str | None, ok: bool) -> bool:
         """The broker answered a commit; returns False if no such commit was pending."""
-        version = self.pending_commits.pop((offset, metadata or ""), None)
-        if version is None:
+        pending = self.pending_commits.pop((offset, metadata or ""), None)
+        if pending is None:
             # The callback may not echo metadata: match on the offset alone.
             for pending_offset, pending_metadata in list(self.pending_commits):
                 if pending_offset == offset:
-                    version = self.pending_commits.pop((pending_offset, pending_metadata))
+                    pending = self.pending_commits.pop((pending_offset, pending_metadata))
                     break
-        if version is None:
+        if pending is None:
             return False
+        version = pending[0]
         if ok:
             if self.committed_offset is None or offset >= self.committed_offset:
                 self.committed_offset = offset
             if version >= self._clean_version and version == self.version:
                 self._clean_version = version
         return True
-
-    def commit_pending(self, offset: int, metadata: str) -> bool:
-        return (offset, metadata) in self.pending_commits
 
     # -- views --------------------------------------------------------------------------------
 

@@ -152,3 +152,23 @@ def test_compaction_gaps_in_restored_map_are_forgotten(harness, cluster, wait_un
     pc.close()
     assert processed == [2, 6, 7]
     assert cluster.committed("g", "t", 0) == (8, "")
+
+
+def test_a_commit_whose_answer_never_comes_is_sent_again(harness, cluster, clock, wait_until):
+    cluster.create_topic("t")
+    cluster.produce("t", b"x")
+    pc = harness.make(Options(commit_interval=1), clock=clock)
+    consumer = harness.consumers[0]
+    consumer.lose_next_commit_answers(1)
+    pc.poll(lambda ctx: None)
+    wait_until(lambda: pc.statistics().records_succeeded == 1)
+    clock.advance(1.1)
+    wait_until(lambda: len(consumer.commit_log) == 1)
+    # While the answer may still come, the same commit is not repeated
+    clock.advance(5)
+    assert len(consumer.commit_log) == 1
+    assert pc.statistics().partitions[0].dirty
+    # After the pending-commit timeout it is sent again, and that answer cleans the partition
+    clock.advance(30)
+    wait_until(lambda: pc.statistics().commits_acknowledged == 1)
+    assert not pc.statistics().partitions[0].dirty

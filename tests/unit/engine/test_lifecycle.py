@@ -131,6 +131,19 @@ def test_close_without_drain_finishes_in_flight_only(harness, cluster, wait_unti
     assert cluster.committed("g", "t", 0) == (1, "")
 
 
+def test_close_waits_at_most_shutdown_timeout_by_default(harness, cluster, wait_until):
+    cluster.create_topic("t")
+    cluster.produce("t", b"x")
+    hang = threading.Event()
+    pc = harness.make(Options(shutdown_timeout=0.2))
+    pc.poll(lambda ctx: hang.wait(10))
+    wait_until(lambda: pc.statistics().in_flight == 1)
+    started = time.monotonic()
+    pc.close(drain=False)
+    assert time.monotonic() - started < 5
+    hang.set()
+
+
 def test_close_gives_up_on_a_hung_handler_after_timeout(harness, cluster, wait_until):
     cluster.create_topic("t")
     cluster.produce("t", b"x")
@@ -175,12 +188,21 @@ def _config(**extra):
         ({"group.id": "g"}, "bootstrap.servers"),
         (_config(**{"enable.auto.commit": True}), "enable.auto.commit"),
         (_config(**{"enable.auto.commit": "true"}), "enable.auto.commit"),
+        (_config(**{"enable.auto.commit": "TRUE"}), "enable.auto.commit"),
         (_config(on_commit=print), "on_commit"),
     ],
 )
 def test_bad_consumer_config_is_rejected_naming_the_setting(cluster, config, message):
     with pytest.raises(ConfigurationError, match=message):
         ParallelConsumer(config, consumer_factory=cluster.consumer)
+
+
+@pytest.mark.parametrize("value", [False, "false", "FALSE", 0, "0"])
+def test_auto_commit_off_in_any_spelling_is_accepted(cluster, value):
+    pc = ParallelConsumer(
+        _config(**{"enable.auto.commit": value}), consumer_factory=cluster.consumer
+    )
+    pc.close()
 
 
 def test_librdkafka_rejects_unknown_setting_as_configuration_error():

@@ -135,3 +135,42 @@ def test_handler_exceptions_never_stop_the_engine(harness, cluster, wait_until):
     wait_until(lambda: pc.statistics().records_succeeded == 50)
     assert pc.statistics().records_failed == 50
     assert pc.failure is None
+
+
+def test_unordered_failed_batch_is_retried_in_offset_order(harness, cluster, clock, wait_until):
+    cluster.create_topic("t")
+    for i in range(4):
+        cluster.produce("t", b"%d" % i)
+    batches: list[list[int]] = []
+
+    def handle(ctx: PollContext) -> None:
+        batches.append([r.offset for r in ctx.records])
+        if len(batches) == 1:
+            raise RuntimeError("the first batch fails")
+
+    pc = harness.make(
+        Options(ordering="unordered", batch_size=4, max_concurrency=1, retry_delay=1), clock=clock
+    )
+    pc.poll(handle)
+    wait_until(lambda: len(batches) == 1 and pc.statistics().retry_waiting == 4)
+    clock.advance(1.5)
+    wait_until(lambda: pc.statistics().records_succeeded == 4)
+    assert batches == [[0, 1, 2, 3], [0, 1, 2, 3]]
+
+
+def test_a_handler_raising_system_exit_counts_as_a_failure(harness, cluster, clock, wait_until):
+    cluster.create_topic("t")
+    cluster.produce("t", b"x")
+    calls: list[int] = []
+
+    def handle(ctx: PollContext) -> None:
+        calls.append(ctx.attempts)
+        if ctx.attempts == 0:
+            raise SystemExit(3)
+
+    pc = harness.make(Options(max_concurrency=1, retry_delay=1), clock=clock)
+    pc.poll(handle)
+    wait_until(lambda: pc.statistics().retry_waiting == 1)
+    clock.advance(1.5)
+    wait_until(lambda: pc.statistics().records_succeeded == 1)
+    assert calls == [0, 1]
