@@ -42,11 +42,11 @@ from parallel_consumer.offsets import (
     decode_offset_map,
     plan_commit,
 )
-from parallel_consumer.options import InvalidMetadataPolicy, Options
+from parallel_consumer.options import InvalidMetadataPolicy, Options, ProcessingOrder
 from parallel_consumer.retry import retry_delay
 from parallel_consumer.runners.base import Handler, Runner
 from parallel_consumer.status import Lifecycle, Statistics
-from parallel_consumer.work.backpressure import partition_cap, partitions_to_pause
+from parallel_consumer.work.backpressure import credit_chunk, partition_cap, partitions_to_pause
 from parallel_consumer.work.item import TopicPartition, WorkItem
 from parallel_consumer.work.partitions import PartitionState
 from parallel_consumer.work.shards import ShardMap, shard_key_for
@@ -102,6 +102,7 @@ class Controller:
         self._records_in_flight = 0
         self._to_release = 0
         self._paused: frozenset[TopicPartition] = frozenset()
+        self._credit_chunk = credit_chunk(options.buffer_limit, options.fetch_batch_size)
         #: Pause decisions are re-evaluated when records arrived or, while some partition is
         #: paused, at most every PAUSE_CHECK_INTERVAL: not on every turn of the loop.
         self._pauses_stale = True
@@ -120,6 +121,7 @@ class Controller:
         self._commits_sent = 0
         self._commits_acked = 0
         self._commit_failures = 0
+        self._pauses = 0
 
     # -- other threads ------------------------------------------------------------------------
 
@@ -202,12 +204,17 @@ class Controller:
         if now >= self._next_commit:
             self._commit_dirty()
             self._next_commit = now + self._options.commit_interval
-        if self._pauses_stale or (self._paused and now >= self._next_pause_check):
+        if (
+            self._pauses_stale
+            or (self._paused and now >= self._next_pause_check)
+            or (now >= self._next_pause_check and self._starving())
+        ):
             self._update_pauses()
             self._pauses_stale = False
             self._next_pause_check = now + PAUSE_CHECK_INTERVAL
-        if self._to_release:
-            self._poller.send(Release(self._to_release))
+        release = self._to_release
+        if release and (release >= self._credit_chunk or self._shards.waiting < self._credit_chunk):
+            self._poller.send(Release(release))
             self._to_release = 0
         return self._close_requested is not None and self._close_step(now)
 
@@ -503,16 +510,31 @@ class Controller:
 
     # -- back-pressure ------------------------------------------------------------------------
 
+    def _starving(self) -> bool:
+        """Workers are idle while records wait: every waiting record is behind a busy lane."""
+        return (
+            self._batches_in_flight < self._runner.capacity
+            and self._shards.waiting > 0
+            and not self._shards.has_ready()
+        )
+
     def _update_pauses(self) -> None:
         assigned = self._partitions.keys()
         if self.lifecycle is Lifecycle.RUNNING:
             cap = partition_cap(
                 self._options.buffer_limit, len(assigned), self._options.fetch_batch_size
             )
-            wanted = partitions_to_pause(self._shards.waiting_by_tp, assigned, self._paused, cap)
+            wanted = partitions_to_pause(
+                self._shards.waiting_by_tp,
+                assigned,
+                self._paused,
+                cap,
+                crowding=self._options.ordering is ProcessingOrder.PARTITION or self._starving(),
+            )
         else:
             wanted = frozenset(assigned)
         if wanted != self._paused:
+            self._pauses += len(wanted - self._paused)
             self._paused = wanted
             self._poller.send(SetPaused(wanted))
 
@@ -628,6 +650,7 @@ class Controller:
             commits_acknowledged=self._commits_acked,
             commit_failures=self._commit_failures,
             paused_partitions=len(self._paused),
+            partition_pauses=self._pauses,
             blocked_partitions=len(self._blocked),
             partitions=tuple(s.snapshot() for s in self._partitions.values()),
         )

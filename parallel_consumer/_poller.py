@@ -6,8 +6,10 @@ rebalance callbacks, which the client runs inside ``consume()`` on this same thr
 
 Credit: the poller never holds more than ``limit`` records in the engine. Every record it posts
 uses one credit; the controller returns credit (``Release``) as records leave. ``consume()`` asks
-for at most the remaining credit, so the bound holds exactly, and when no credit is left every
-partition is paused while ``consume()`` keeps serving the group protocol.
+for at most the remaining credit, so the bound holds exactly. When no credit is left the poller
+waits for some without calling the client, which keeps its prefetched records (pausing would
+drop them and cost a fetch round trip on resume); only a stall longer than
+``STALL_PAUSE_AFTER`` pauses every partition so that ``consume()`` serves the group protocol.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -39,6 +42,7 @@ from parallel_consumer._events import (
     SetPaused,
     StopPoller,
 )
+from parallel_consumer.work.backpressure import credit_chunk
 from parallel_consumer.work.item import TopicPartition
 
 __all__ = ["Poller", "RebalanceCallback"]
@@ -49,6 +53,9 @@ RebalanceCallback = Callable[[Any, list[Any]], object]
 
 #: How long one consume() blocks when nothing arrives: bounds the latency of commands.
 POLL_TIMEOUT = 0.05
+#: How long the poller may wait for credit without calling ``consume()``. Past it, every
+#: partition is paused so that ``consume()`` can serve rebalances and commit answers again.
+STALL_PAUSE_AFTER = 1.0
 #: How long a revoke waits for the controller's final offsets of the revoked partitions.
 REVOKE_TIMEOUT = 10.0
 #: How long one committed() request (on assignment) may take before the attempt counts as failed.
@@ -76,6 +83,7 @@ class Poller:
         self._post = post
         self._limit = limit
         self._fetch_batch = fetch_batch
+        self._min_fetch = credit_chunk(limit, fetch_batch)
         self._user_on_assign: RebalanceCallback | None = None
         self._user_on_revoke: RebalanceCallback | None = None
         self._commands: queue.SimpleQueue[PollerCommand] = queue.SimpleQueue()
@@ -89,6 +97,8 @@ class Poller:
         #: Per partition: the client position last reported, and one past the last delivered offset.
         self._positions: dict[TopicPartition, int] = {}
         self._delivered_to: dict[TopicPartition, int] = {}
+        #: Since when the engine has held ``limit`` records (None while there is credit).
+        self._stalled_since: float | None = None
         self._async_commits = 0
         self._stopping = False
 
@@ -140,8 +150,10 @@ class Poller:
                 self._run_commands()
                 if self._stopping:
                     break
-                self._apply_pauses()
                 credit = self._limit - self._held
+                if credit < self._min_fetch and self._wait_for_credit():
+                    continue
+                self._apply_pauses()
                 messages = consumer.consume(
                     num_messages=max(1, min(self._fetch_batch, credit)), timeout=POLL_TIMEOUT
                 )
@@ -158,22 +170,44 @@ class Poller:
             except Exception:
                 log.warning("closing the Kafka consumer failed", exc_info=True)
 
+    def _wait_for_credit(self) -> bool:
+        """Too little credit: wait for the controller to return some, without touching the client,
+        so that it keeps what it prefetched (a pause would drop it). True if the caller should
+        loop again; False once the stall has lasted STALL_PAUSE_AFTER, from when on every
+        partition is paused and ``consume()`` serves the group protocol and callbacks."""
+        now = time.monotonic()
+        if self._stalled_since is None:
+            self._stalled_since = now
+        if now - self._stalled_since >= STALL_PAUSE_AFTER:
+            return False
+        try:
+            command = self._commands.get(timeout=POLL_TIMEOUT)
+        except queue.Empty:
+            return True
+        self._run_command(command)
+        return True
+
     def _run_commands(self) -> None:
         commands = self._commands
-        while True:
+        while not self._stopping:
             try:
                 command = commands.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(command, Release):
+            self._run_command(command)
+
+    def _run_command(self, command: PollerCommand) -> None:
+        if isinstance(command, Release):
+            self._held -= command.count
+            if self._limit - self._held >= self._min_fetch:
+                self._stalled_since = None
                 self._held -= command.count
-            elif isinstance(command, Commit):
-                self._commit(command.offsets, sync=command.sync)
-            elif isinstance(command, SetPaused):
-                self._wanted_paused = command.tps
-            elif isinstance(command, StopPoller):
-                self._stopping = True
-                return
+        elif isinstance(command, Commit):
+            self._commit(command.offsets, sync=command.sync)
+        elif isinstance(command, SetPaused):
+            self._wanted_paused = command.tps
+        elif isinstance(command, StopPoller):
+            self._stopping = True
 
     def _hand_over(self, messages: Sequence[Any]) -> None:
         batches: dict[TopicPartition, tuple[int, list[Any]]] = {}
@@ -234,7 +268,7 @@ class Poller:
 
     def _apply_pauses(self) -> None:
         assigned = self._epochs.keys()
-        if self._held >= self._limit:
+        if self._stalled_since is not None:
             wanted = set(assigned)
         else:
             wanted = set(self._wanted_paused & assigned)

@@ -52,6 +52,9 @@ class Statistics:
     #: pause(), close). When ``held`` reaches the bound the poller also pauses every partition
     #: by itself, which this count does not include.
     paused_partitions: int
+    #: How many times a partition was paused so far (back-pressure, pause(), close): a number
+    #: that keeps growing quickly means the buffer is too small for the fetch pattern.
+    partition_pauses: int
     #: Partitions whose offset map is near or over the metadata limit (only holes run there).
     blocked_partitions: int
     partitions: tuple[PartitionSnapshot, ...]

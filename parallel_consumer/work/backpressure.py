@@ -1,9 +1,13 @@
 """Per-partition pause decisions, with hysteresis (pure).
 
 Pausing a partition makes the Kafka client drop what it prefetched for it, and resuming costs a
-fetch round trip, so partitions are paused rarely: only when *their* backlog is full, and they
-resume only once it has drained to half. The hard bound on records held by the engine is kept by
-the poller's credit (see ``_poller.py``), not here.
+re-fetch, so partitions are paused only when their backlog crowds out the others: in PARTITION
+order always (one record per partition runs at a time, so a buffer full of one partition's
+records would leave the workers idle), in the other orders only while workers sit idle although
+records wait (every waiting record is behind a busy key). Then a partition with more than its
+fair share of the buffer pauses, and it resumes once its backlog has drained to half of that.
+The hard bound on records held by the engine is kept by the poller's credit (see ``_poller.py``),
+not here.
 """
 
 from __future__ import annotations
@@ -12,7 +16,14 @@ from collections.abc import Mapping, Set
 
 from parallel_consumer.work.item import TopicPartition
 
-__all__ = ["partition_cap", "partitions_to_pause"]
+__all__ = ["credit_chunk", "partition_cap", "partitions_to_pause"]
+
+
+def credit_chunk(limit: int, fetch_batch: int) -> int:
+    """The smallest amount of credit worth moving between the threads: the poller fetches only
+    once it has this much, and the controller returns credit in chunks of it (or sooner when its
+    backlog runs low). Smaller amounts would cost an event and a thread wake-up per handful."""
+    return max(1, min(fetch_batch, limit // 4))
 
 
 def partition_cap(limit: int, assigned: int, fetch_batch: int) -> int:
@@ -27,16 +38,19 @@ def partitions_to_pause(
     assigned: Set[TopicPartition],
     paused: Set[TopicPartition],
     cap: int,
+    *,
+    crowding: bool,
 ) -> frozenset[TopicPartition]:
     """The partitions that should be paused now.
 
-    A partition pauses when its waiting records reach ``cap`` and resumes when they fall to
-    ``cap // 2`` or below; between the two it keeps its current state.
+    ``cap`` is a partition's fair share (:func:`partition_cap`). While ``crowding``, a partition
+    pauses when its waiting records reach ``cap``; a paused partition resumes when they fall to
+    ``cap // 2`` or below, and keeps its state in between.
     """
     low = cap // 2
     result: set[TopicPartition] = set()
     for tp in assigned:
         waiting = waiting_by_tp.get(tp, 0)
-        if waiting >= cap or (tp in paused and waiting > low):
+        if (crowding and waiting >= cap) or (tp in paused and waiting > low):
             result.add(tp)
     return frozenset(result)

@@ -251,3 +251,26 @@ def test_controller_state_cannot_be_stepped_from_another_thread(harness, cluster
     pc.poll(lambda ctx: None)
     with pytest.raises(RuntimeError, match="must post events"):
         pc._controller.run_once(block=False)
+
+
+def test_partition_order_keeps_every_partition_progressing_with_a_small_buffer(
+    harness, cluster, wait_until
+):
+    # Given 4 partitions of 200 records and a buffer of 80: the fake client hands out partition 0
+    # first, so without per-partition pausing the buffer would hold only partition 0's records
+    cluster.create_topic("t", 4)
+    for i in range(800):
+        cluster.produce("t", b"%d" % i, partition=i // 200)
+    order: list[int] = []
+    pc = harness.make(
+        Options(
+            ordering="partition", max_concurrency=4, max_buffered_records=80, fetch_batch_size=10
+        )
+    )
+    pc.poll(lambda ctx: order.append(ctx.partition))
+    wait_until(lambda: len(order) == 800, timeout=30)
+    # Then all four partitions ran side by side: each started long before partition 0 finished
+    last_of_partition_0 = max(i for i, p in enumerate(order) if p == 0)
+    for partition in (1, 2, 3):
+        assert order.index(partition) < last_of_partition_0 / 2
+    assert pc.statistics().partition_pauses > 0

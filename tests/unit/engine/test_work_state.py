@@ -168,13 +168,17 @@ class TestShardMap:
 
 
 class TestBackpressure:
-    def test_pause_at_cap_and_resume_only_at_half(self):
+    def test_pause_at_cap_while_crowding_and_resume_only_at_half(self):
         assigned = {("t", 0), ("t", 1)}
-        paused = partitions_to_pause({("t", 0): 100, ("t", 1): 10}, assigned, frozenset(), 100)
+        waiting = {("t", 0): 100, ("t", 1): 10}
+        assert partitions_to_pause(waiting, assigned, set(), 100, crowding=False) == set()
+        paused = partitions_to_pause(waiting, assigned, set(), 100, crowding=True)
         assert paused == {("t", 0)}
-        # between half and cap a paused partition stays paused
-        assert partitions_to_pause({("t", 0): 60}, assigned, paused, 100) == {("t", 0)}
-        assert partitions_to_pause({("t", 0): 50}, assigned, paused, 100) == frozenset()
+        # between half and cap a paused partition stays paused, crowding or not
+        waiting[("t", 0)] = 60
+        assert partitions_to_pause(waiting, assigned, paused, 100, crowding=False) == {("t", 0)}
+        waiting[("t", 0)] = 50
+        assert partitions_to_pause(waiting, assigned, paused, 100, crowding=True) == set()
 
     def test_partition_cap_is_a_fair_share_but_at_least_one_fetch(self):
         assert partition_cap(10_000, 4, 500) == 2500
