@@ -353,7 +353,7 @@ class Controller:
         shards = self._shards
         take = shards.take
         blocked = self._blocked
-        capacity = self._runner.capacity
+        capacity = self._runner.capacity + self._runner.backlog
         batch_size = self._options.batch_size
         submit = self._runner.submit
         while self._batches_in_flight < capacity:
@@ -513,7 +513,7 @@ class Controller:
     def _starving(self) -> bool:
         """Workers are idle while records wait: every waiting record is behind a busy lane."""
         return (
-            self._batches_in_flight < self._runner.capacity
+            self._batches_in_flight < self._runner.capacity + self._runner.backlog
             and self._shards.waiting > 0
             and not self._shards.has_ready()
         )

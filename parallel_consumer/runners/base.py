@@ -23,6 +23,10 @@ Handler = Callable[[PollContext], object]
 class Runner(Protocol):
     #: How many handler calls may run at once.
     capacity: int
+    #: How many more calls may wait inside the runner for a free worker. A small backlog lets a
+    #: worker that finishes start its next call at once instead of waiting for the controller's
+    #: answer to its result (a thread round trip per call); it does not raise ``capacity``.
+    backlog: int
 
     def start(self, handler: Handler, done: Callable[[WorkDone], None]) -> None:
         """Start workers that call ``handler`` and report through ``done``."""

