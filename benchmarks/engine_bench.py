@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
                 "python": sys.version.split()[0],
                 "platform": platform.platform(),
                 "cpus": os.cpu_count(),
-                "confluent_kafka": confluent_kafka.version()[0],
+                "confluent_kafka": confluent_kafka.__version__,
                 "librdkafka": confluent_kafka.libversion()[0],
                 "broker": "embedded LocalKafka" if broker else bootstrap,
                 "note": "broker JVM shares the machine's cores with the benchmark",

@@ -37,7 +37,7 @@ class Statistics:
     results_stale: int
     #: Records waiting to be dispatched.
     waiting: int
-    #: Records inside handler calls.
+    #: Records handed to the runner: inside handler calls or queued for the next free worker.
     in_flight: int
     #: Records waiting for their retry delay.
     retry_waiting: int
