@@ -369,13 +369,18 @@ class Poller:
         )
         return {}
 
-    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+    def _forget(self, partitions: list[Any]) -> tuple[TopicPartition, ...]:
+        """Drop the poller's per-partition state of partitions leaving the assignment."""
         tps = tuple((p.topic, p.partition) for p in partitions)
         for tp in tps:
             self._epochs.pop(tp, None)
             self._paused.discard(tp)
             self._positions.pop(tp, None)
             self._delivered_to.pop(tp, None)
+        return tps
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        tps = self._forget(partitions)
         log.info("revoked %s", _names(partitions))
         if not self._stopping:
             reply: Future[list[tuple[TopicPartition, int, str]]] = Future()
@@ -396,12 +401,7 @@ class Poller:
         self._call_user(self._user_on_revoke, consumer, partitions)
 
     def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
-        tps = tuple((p.topic, p.partition) for p in partitions)
-        for tp in tps:
-            self._epochs.pop(tp, None)
-            self._paused.discard(tp)
-            self._positions.pop(tp, None)
-            self._delivered_to.pop(tp, None)
+        tps = self._forget(partitions)
         log.warning("lost %s without a final commit", _names(partitions))
         self._post(PartitionsLost(tps))
         self._call_user(self._user_on_revoke, consumer, partitions)
