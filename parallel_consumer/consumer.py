@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import logging
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
@@ -201,21 +202,26 @@ class ParallelConsumer:
 
     def statistics(self) -> Statistics:
         """A consistent snapshot of counters, queues and partitions (see :class:`Statistics`)."""
-        if self.lifecycle in (Lifecycle.NEW, Lifecycle.CLOSED):
+        answer = self._ask("statistics")
+        if answer is None:  # not running: the controller thread is not there to ask
             return self._controller.statistics()
-        try:
-            result: Statistics = self._controller.request("statistics").result(_REQUEST_TIMEOUT)
-        except FutureTimeout:
-            raise TimeoutError("the controller did not answer within 10s") from None
+        result: Statistics = answer
         return result
 
-    def _ask(self, action: str) -> None:
+    def _ask(self, action: str) -> Any:
+        """Ask the controller thread; None if it is not running (or stops before answering)."""
         if self.lifecycle in (Lifecycle.NEW, Lifecycle.CLOSED):
-            return
-        try:
-            self._controller.request(action).result(_REQUEST_TIMEOUT)
-        except FutureTimeout:
-            raise TimeoutError(f"the controller did not answer {action}() within 10s") from None
+            return None
+        reply = self._controller.request(action)
+        stopped = self._controller.stopped
+        deadline = time.monotonic() + _REQUEST_TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                return reply.result(0.05)
+            except FutureTimeout:
+                if stopped.done() and not reply.done():
+                    return None  # it stopped before it could answer: it never will
+        raise TimeoutError(f"the controller did not answer {action}() within 10s")
 
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop processing, commit what finished, close the Kafka client; re-raise a failure.
