@@ -113,6 +113,7 @@ def test_restart_after_out_of_order_completion_reprocesses_exactly_the_unfinishe
     }
 
 
+@pytest.mark.kafka_requires("commit_metadata")  # it decodes the committed offset map
 def test_poison_record_blocks_only_its_key(
     kafka: KafkaBroker, topic: TopicFactory, consumer_config: dict[str, Any], engines: Engines
 ) -> None:
@@ -257,6 +258,7 @@ def test_restart_across_transaction_gaps_reprocesses_only_the_unfinished(
     assert committed(consumer_config, name, [0])[0][0] >= 27
 
 
+@pytest.mark.kafka_requires("accurate_high_watermark")  # the reset relies on the log end
 def test_committed_offset_beyond_the_end_is_reset_to_earliest(
     kafka: KafkaBroker, topic: TopicFactory, consumer_config: dict[str, Any], engines: Engines
 ) -> None:
