@@ -30,7 +30,7 @@ def shard_key_for(ordering: ProcessingOrder, tp: TopicPartition, key: bytes | No
 class Shard:
     """One ordering lane. Owned by the controller thread (through its ShardMap)."""
 
-    __slots__ = ("busy", "key", "queue", "removed", "scheduled", "tp")
+    __slots__ = ("busy", "key", "parked", "queue", "removed", "scheduled", "tp")
 
     def __init__(self, key: object, tp: TopicPartition) -> None:
         self.key = key
@@ -41,6 +41,8 @@ class Shard:
         self.busy = 0
         #: True while the shard sits in the ready queue or is parked.
         self.scheduled = False
+        #: Parked: its head is above its blocked partition's limit (see ShardMap.take).
+        self.parked = False
         self.removed = False
 
     def __repr__(self) -> str:
@@ -116,6 +118,7 @@ class ShardMap:
             limit = blocked.get(shard.tp)
             if limit is not None and head.offset >= limit:
                 shard.scheduled = True
+                shard.parked = True
                 self._parked.setdefault(shard.tp, []).append(shard)
                 continue
             queue = shard.queue
@@ -133,7 +136,7 @@ class ShardMap:
     def unpark(self, tp: TopicPartition) -> None:
         """The partition is no longer blocked: its parked shards compete again."""
         for shard in self._parked.pop(tp, ()):
-            shard.scheduled = False
+            shard.scheduled = shard.parked = False
             self._schedule(shard)
 
     # -- outcomes -----------------------------------------------------------------------------
@@ -165,6 +168,10 @@ class ShardMap:
         shard.busy -= 1
         shard.queue.appendleft(item)
         self._count_waiting(item.tp, 1)
+        if shard.parked:
+            # Its new head may be a hole below the limit: let take() judge it again.
+            self._parked[shard.tp].remove(shard)
+            shard.scheduled = shard.parked = False
         self._schedule(shard)
 
     # -- views --------------------------------------------------------------------------------

@@ -172,3 +172,41 @@ def test_a_commit_whose_answer_never_comes_is_sent_again(harness, cluster, clock
     clock.advance(30)
     wait_until(lambda: pc.statistics().commits_acknowledged == 1)
     assert not pc.statistics().partitions[0].dirty
+
+
+def test_a_partition_whose_offset_map_nears_the_limit_runs_only_its_holes(
+    harness, cluster, clock, wait_until, caplog
+):
+    # Given offsets 0..39 where every fourth record fails (10 holes below offset 39)
+    cluster.create_topic("t")
+    for i in range(40):
+        cluster.produce("t", b"%d" % i)
+    healthy = threading.Event()
+
+    def handle(ctx: PollContext) -> None:
+        if ctx.offset % 4 == 1 and not healthy.is_set():
+            raise RuntimeError("downstream is down")
+
+    pc = harness.make(
+        Options(ordering="unordered", commit_interval=1, retry_delay=100, max_metadata_bytes=16),
+        clock=clock,
+    )
+    pc.poll(handle)
+    wait_until(lambda: pc.statistics().records_succeeded == 30)
+    # When a commit finds the map of those holes near the 16-byte limit
+    clock.advance(1.1)
+    wait_until(lambda: pc.statistics().blocked_partitions == 1, what="blocked")
+    assert "t[0]: offset map is" in caplog.text
+    assert pc.statistics().partitions[0].metadata_status in ("near_limit", "too_large")
+    # Then new records above the highest finished offset wait instead of running
+    for i in range(40, 60):
+        cluster.produce("t", b"%d" % i)
+    wait_until(lambda: pc.statistics().waiting == 20, what="20 waiting")
+    assert pc.statistics().records_succeeded == 30
+    # When the holes finish, then the partition unblocks and the rest runs
+    healthy.set()
+    clock.advance(100)
+    wait_until(lambda: pc.statistics().records_succeeded == 60, what="60 done")
+    assert pc.statistics().blocked_partitions == 0
+    pc.close()
+    assert cluster.committed("g", "t", 0) == (60, "")

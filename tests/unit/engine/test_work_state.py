@@ -153,6 +153,19 @@ class TestShardMap:
         shards.unpark(TP)
         assert shards.take({}) is high
 
+    def test_a_due_retry_below_the_limit_wakes_a_parked_shard(self):
+        # UNORDERED: one shard per partition; the hole 3 fails while 9 waits above the limit
+        shards = ShardMap(ProcessingOrder.UNORDERED)
+        hole = item(3, ordering=ProcessingOrder.UNORDERED)
+        above = item(9, ordering=ProcessingOrder.UNORDERED)
+        shards.add(TP, [hole, above])
+        blocked = {TP: 5}
+        assert shards.take(blocked) is hole
+        shards.retry_later(hole)
+        assert shards.take(blocked) is None  # 9 is above the limit: the shard parks
+        shards.retry_now(hole)
+        assert shards.take(blocked) is hole
+
     def test_empty_shards_are_dropped_and_revoke_forgets_waiting(self):
         shards = ShardMap(ProcessingOrder.KEY)
         a0 = item(0, b"a")
