@@ -287,7 +287,7 @@ class PartitionState:
         if ok:
             if self.committed_offset is None or offset >= self.committed_offset:
                 self.committed_offset = offset
-            if version >= self._clean_version and version == self.version:
+            if version == self.version:
                 self._clean_version = version
         return True
 

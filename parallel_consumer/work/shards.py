@@ -12,7 +12,7 @@ scanning every shard after every completion.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from parallel_consumer.options import ProcessingOrder
 from parallel_consumer.work.item import TopicPartition, WorkItem
@@ -179,10 +179,6 @@ class ShardMap:
     def has_ready(self) -> bool:
         return bool(self._ready)
 
-    def waiting_items(self) -> Iterable[WorkItem]:
-        for shard in self._shards.values():
-            yield from shard.queue
-
     def __len__(self) -> int:
         return len(self._shards)
 
@@ -201,10 +197,6 @@ class ShardMap:
             return
         shard.scheduled = True
         self._ready.append(shard)
-
-    def _drop(self, shard: Shard) -> None:
-        shard.removed = True
-        del self._shards[shard.key]
 
     def _count_waiting(self, tp: TopicPartition, delta: int) -> None:
         self.waiting += delta
