@@ -3,18 +3,18 @@
 Layout (big-endian): ``int16`` (v1) or ``int32`` (v2) range length, then the range as bits in
 little-endian bit order (bit ``r`` is bit ``r % 8`` of byte ``r // 8``), zero-padded to
 ``ceil(length / 8) + 1`` bytes, exactly like Java's pre-sized, zero-filled ``ByteBuffer``.
+Encoding lives in ``_ranges``, which builds these bytes for a whole range at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from itertools import chain
 
 from bitarray import bitarray
 
 from parallel_consumer.offsets.errors import OffsetDecodeError
 
-__all__ = ["decode_bitset", "encode_bitset", "encoded_bitset_size", "max_bitset_length"]
+__all__ = ["decode_bitset", "encoded_bitset_size", "max_bitset_length"]
 
 _WIDTH = {1: 2, 2: 4}
 _MAX_LENGTH = {1: 2**15 - 1, 2: 2**31 - 1}
@@ -26,25 +26,10 @@ def max_bitset_length(version: int) -> int:
 
 
 def encoded_bitset_size(length: int, version: int) -> int | None:
-    """Bytes :func:`encode_bitset` would return (built or not); None when it cannot encode."""
+    """Bytes of the encoder data of a ``length``-offset range; None when it cannot encode."""
     if length < 0 or length > _MAX_LENGTH[version]:
         return None
     return _WIDTH[version] + (length + 7) // 8 + 1
-
-
-def encode_bitset(length: int, relative_incompletes: Sequence[int], version: int) -> bytes | None:
-    """Encode a range of ``length`` offsets whose incomplete ones are ``relative_incompletes``.
-
-    ``relative_incompletes`` are offsets relative to the base, each in ``[0, length)``. Returns the
-    encoder data without the magic byte, or None when ``length`` overflows the version's field.
-    """
-    if encoded_bitset_size(length, version) is None:
-        return None
-    bits = bitarray(length, endian="little")
-    bits.setall(1)
-    if relative_incompletes:
-        bits[list(relative_incompletes)] = 0
-    return length.to_bytes(_WIDTH[version], "big") + bits.tobytes() + b"\x00"
 
 
 def decode_bitset(

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import base64
+from collections import deque
+from typing import Any
 
 import pytest
 import zstandard
 from bitarray import bitarray
+from sortedcontainers import SortedList
 
 from parallel_consumer.errors import ParallelConsumerError
 from parallel_consumer.offsets import (
@@ -18,7 +21,7 @@ from parallel_consumer.offsets import (
     encode_offset_map,
 )
 from parallel_consumer.offsets._ranges import range_encoder
-from parallel_consumer.offsets.bitset import decode_bitset, encode_bitset
+from parallel_consumer.offsets.bitset import decode_bitset
 from parallel_consumer.offsets.run_length import decode_run_length
 
 DECODABLE = [e for e in OffsetEncoding if e.decodable]
@@ -107,7 +110,7 @@ JAVA_PATTERN = [0, 4, 6, 7, 8, 10]  # incompletes over relative offsets 0..10
 
 
 def test_java_bitset_encoding_test() -> None:
-    data = encode_bitset(11, JAVA_PATTERN, 1)
+    data = range_encoder(0, 11, 11, JAVA_PATTERN).bitset(1)
     assert data is not None
 
     bits = bitarray(endian="little")
@@ -233,6 +236,29 @@ def test_unsorted_incompletes_are_rejected(incompletes: list[int]) -> None:
 def test_incompletes_beyond_int64_are_rejected() -> None:
     with pytest.raises(ValueError, match="64-bit"):
         encode_offset_map(2**63, 2**64 + 10, [2**64 + 1])
+    with pytest.raises(ValueError, match="64-bit"):
+        encode_offset_map(2**63, 2**63, [])
+
+
+def test_a_range_of_every_int64_offset_has_no_encoding() -> None:
+    # 2**63 offsets: too long for any bitset, and its complete run too long for any RunLength.
+    assert encode_offset_map(0, 2**63 - 1, []) is None
+    assert encode_offset_map(0, 2**63 - 1, [5]) is None
+
+
+def test_offsets_near_the_int64_limit_round_trip() -> None:
+    base = 2**63 - 100
+    encoded = encode_offset_map(base, 2**63 - 1, [base, 2**63 - 50, 2**63 - 2])
+    assert encoded is not None
+    assert decode_offset_map(base, encoded.metadata).incomplete == (base, 2**63 - 50, 2**63 - 2)
+
+
+@pytest.mark.parametrize("container", [list, tuple, deque, SortedList, iter])
+def test_any_sorted_iterable_of_offsets_is_accepted(container: Any) -> None:
+    offsets = [100, 103, 104, 110]
+    encoded = encode_offset_map(100, 120, container(offsets))
+    assert encoded is not None
+    assert decode_offset_map(100, encoded.metadata).incomplete == tuple(offsets)
 
 
 def test_offsets_near_2_to_62() -> None:
