@@ -11,6 +11,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -86,9 +87,13 @@ class BrokerProcess:
     """One spawned broker process whose output goes to ``log_path``.
 
     Owned by the :class:`LocalKafka` that spawned it; ``stop()`` may be called more than once.
+    A watchdog process (``_watchdog.py``) stops the broker and deletes ``cleanup_dir`` if this
+    process dies without calling ``stop()``, even by SIGKILL.
     """
 
-    def __init__(self, argv: Sequence[str], *, log_path: Path, cwd: Path) -> None:
+    def __init__(
+        self, argv: Sequence[str], *, log_path: Path, cwd: Path, cleanup_dir: Path | None = None
+    ) -> None:
         self.log_path = log_path
         with log_path.open("ab") as log:
             # A new session keeps Ctrl-C in the user's terminal away from the broker: the owner
@@ -101,6 +106,23 @@ class BrokerProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        try:
+            self._watchdog: subprocess.Popen[bytes] | None = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-I",  # isolated: no site-packages or PYTHON* variables, it needs neither
+                    str(Path(__file__).with_name("_watchdog.py")),
+                    str(self._popen.pid),
+                    *([str(cleanup_dir)] if cleanup_dir is not None else []),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except BaseException:
+            self.stop(timeout=10.0)
+            raise
 
     @property
     def pid(self) -> int:
@@ -112,6 +134,7 @@ class BrokerProcess:
 
     def wait(self, timeout: float) -> int:
         """Wait for the process to end by itself (killing it after ``timeout``); its exit code."""
+        self._disarm()
         try:
             return self._popen.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -120,6 +143,7 @@ class BrokerProcess:
 
     def stop(self, timeout: float) -> None:
         """Ask the broker to shut down (SIGTERM); kill it if it has not ended in ``timeout``."""
+        self._disarm()
         if self._popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self._popen.send_signal(signal.SIGTERM)
@@ -131,6 +155,23 @@ class BrokerProcess:
                 self._popen.wait()
         else:
             self._popen.wait()
+
+    def _disarm(self) -> None:
+        """Tell the watchdog that this process stops the broker itself, and reap it."""
+        watchdog, self._watchdog = getattr(self, "_watchdog", None), None
+        if watchdog is None:
+            return
+        assert watchdog.stdin is not None
+        with contextlib.suppress(OSError):  # BrokenPipeError if it already exited
+            watchdog.stdin.write(b"x")
+            watchdog.stdin.flush()
+        with contextlib.suppress(OSError):
+            watchdog.stdin.close()
+        try:
+            watchdog.wait(5.0)
+        except subprocess.TimeoutExpired:
+            watchdog.kill()
+            watchdog.wait()
 
 
 def wait_until_answering(

@@ -295,7 +295,10 @@ class LocalKafka:
     def _launch(self, argv: list[str]) -> None:
         assert self._workdir is not None
         self._process = process = BrokerProcess(
-            argv, log_path=self._workdir / "broker.log", cwd=self._workdir
+            argv,
+            log_path=self._workdir / "broker.log",
+            cwd=self._workdir,
+            cleanup_dir=self._workdir,
         )
         _RUNNING.add(self)
         wait_until_answering(

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -55,6 +59,31 @@ def test_stop_leaves_no_process_and_no_directory(record_property: pytest.RecordP
     assert not workdir.exists()
     assert kafka not in running_instances()
     kafka.stop()  # idempotent
+
+
+def test_a_killed_owner_leaves_no_broker_and_no_directory_behind() -> None:
+    # The owner starts a broker, reports it, and dies by SIGKILL: no atexit, no finally. The
+    # watchdog must stop the broker and delete its files.
+    owner = (
+        "import os, signal\n"
+        "from parallel_consumer.testing import LocalKafka\n"
+        f"kafka = LocalKafka(backend={BACKEND!r}).start()\n"
+        "print(kafka._process.pid, kafka.log_path.parent, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", owner], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    pid_text, workdir_text = result.stdout.split()
+    pid, workdir = int(pid_text), Path(workdir_text)
+
+    deadline = time.monotonic() + 30  # the watchdog allows the broker 10 s to shut down cleanly
+    while (_process_exists(pid) or workdir.exists()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+    assert not _process_exists(pid)
+    assert not workdir.exists()
 
 
 def test_stop_may_race_from_several_threads() -> None:
