@@ -78,8 +78,12 @@ class RangeEncoder:
             if not all(map(lt, selected, islice(selected, 1, None))):
                 raise _unsorted() from None
             raise ValueError("incomplete offsets must fit in a signed 64-bit integer") from None
-        # Every selected offset is in [base, base + length), so the subtraction cannot overflow.
-        self._relative: Int64s = np.frombuffer(packed, dtype=np.int64) - np.int64(base)
+        offsets = np.frombuffer(packed, dtype=np.int64)
+        # Sorted input puts every selected offset in [base, base + length); one below the base
+        # means unsorted input (and would wrap around in the subtraction), so reject it first.
+        if offsets.size and int(offsets.min()) < base:
+            raise _unsorted()
+        self._relative: Int64s = offsets - np.int64(base)
         # Gaps between neighbours: all >= 1 exactly when the offsets are strictly increasing.
         self._gaps: Int64s = np.diff(self._relative)
         if self._gaps.size and int(self._gaps.min()) < 1:

@@ -104,6 +104,10 @@ def encode_offset_map(
         raise ValueError(f"cannot encode with {force.name}: it is not a decodable encoding")
     if base_offset < 0:
         raise ValueError(f"base_offset must be >= 0, got {base_offset}")
+    if highest_succeeded > _MAX_OFFSET:
+        raise ValueError(
+            f"highest_succeeded must fit in a signed 64-bit integer, got {highest_succeeded}"
+        )
     high = base_offset if highest_succeeded == -1 else highest_succeeded
     high = max(high, base_offset - 1)
     length = high - base_offset + 1

@@ -226,11 +226,21 @@ def test_incompletes_below_base_are_ignored() -> None:
 
 
 @pytest.mark.parametrize(
-    "incompletes", [[0, 5, 5, 7], [0, 7, 5, 8], [0, 2**64, 3, 5], [0, 9, 3, -4]]
+    "incompletes",
+    [[0, 5, 5, 7], [0, 7, 5, 8], [0, 2**64, 3, 5], [0, 9, 3, -4], [1, 2, -(2**63)], [1, 3, 0]],
 )
 def test_unsorted_incompletes_are_rejected(incompletes: list[int]) -> None:
     with pytest.raises(ValueError, match="sorted"):
         encode_offset_map(0, 10, incompletes)
+
+
+@pytest.mark.parametrize("force", [None, OffsetEncoding.RUN_LENGTH, OffsetEncoding.BIT_SET])
+def test_unsorted_offsets_that_would_wrap_around_int64_are_rejected(
+    force: OffsetEncoding | None,
+) -> None:
+    # -2**63 - 1 wraps to 2**63 - 1 in int64: the check must come before the subtraction.
+    with pytest.raises(ValueError, match="sorted"):
+        encode_offset_map(1, 10, [1, 2, -(2**63)], force=force)
 
 
 def test_incompletes_beyond_int64_are_rejected() -> None:
@@ -238,6 +248,8 @@ def test_incompletes_beyond_int64_are_rejected() -> None:
         encode_offset_map(2**63, 2**64 + 10, [2**64 + 1])
     with pytest.raises(ValueError, match="64-bit"):
         encode_offset_map(2**63, 2**63, [])
+    with pytest.raises(ValueError, match="64-bit"):
+        encode_offset_map(0, 2**64, [5])
 
 
 def test_a_range_of_every_int64_offset_has_no_encoding() -> None:
