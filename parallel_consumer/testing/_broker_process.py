@@ -7,12 +7,15 @@ to run, this module only does it.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -88,13 +91,17 @@ class BrokerProcess:
 
     Owned by the :class:`LocalKafka` that spawned it; ``stop()`` may be called more than once.
     A watchdog process (``_watchdog.py``) stops the broker and deletes ``cleanup_dir`` if this
-    process dies without calling ``stop()``, even by SIGKILL.
+    process dies without stopping it, even by SIGKILL. A process forked from the owner inherits
+    this object but not the broker: there ``stop()`` does nothing.
     """
 
     def __init__(
         self, argv: Sequence[str], *, log_path: Path, cwd: Path, cleanup_dir: Path | None = None
     ) -> None:
         self.log_path = log_path
+        self._owner = os.getpid()
+        self._watchdog: subprocess.Popen[bytes] | None = None
+        self._watchdog_lock = threading.Lock()
         with log_path.open("ab") as log:
             # A new session keeps Ctrl-C in the user's terminal away from the broker: the owner
             # stops it in order (terminate, wait, kill) instead of it dying mid-write.
@@ -107,7 +114,7 @@ class BrokerProcess:
                 start_new_session=True,
             )
         try:
-            self._watchdog: subprocess.Popen[bytes] | None = subprocess.Popen(
+            self._watchdog = subprocess.Popen(
                 [
                     sys.executable,
                     "-I",  # isolated: no site-packages or PYTHON* variables, it needs neither
@@ -123,27 +130,45 @@ class BrokerProcess:
         except BaseException:
             self.stop(timeout=10.0)
             raise
+        _WATCHED.add(self)
 
     @property
     def pid(self) -> int:
         return self._popen.pid
 
+    @property
+    def owned(self) -> bool:
+        """False in a process forked from the owner: the broker is not this process's child."""
+        return os.getpid() == self._owner
+
     def exit_code(self) -> int | None:
         """The exit code if the process has ended, else ``None``."""
-        return self._popen.poll()
+        if not self.owned:
+            return None
+        code = self._popen.poll()
+        if code is not None:
+            self._disarm()  # reaped: its pid may be reused, so the watchdog must not act on it
+        return code
 
     def wait(self, timeout: float) -> int:
         """Wait for the process to end by itself (killing it after ``timeout``); its exit code."""
-        self._disarm()
         try:
-            return self._popen.wait(timeout)
+            code = self._popen.wait(timeout)
         except subprocess.TimeoutExpired:
             self._popen.kill()
-            return self._popen.wait()
+            code = self._popen.wait()
+        self._disarm()
+        return code
 
     def stop(self, timeout: float) -> None:
-        """Ask the broker to shut down (SIGTERM); kill it if it has not ended in ``timeout``."""
-        self._disarm()
+        """Ask the broker to shut down (SIGTERM); kill it if it has not ended in ``timeout``.
+
+        The watchdog stays armed until the broker is reaped, so an owner killed while waiting
+        here still leaves no broker behind.
+        """
+        if not self.owned:
+            self._forget_watchdog()
+            return
         if self._popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self._popen.send_signal(signal.SIGTERM)
@@ -155,23 +180,51 @@ class BrokerProcess:
                 self._popen.wait()
         else:
             self._popen.wait()
+        self._disarm()
 
     def _disarm(self) -> None:
-        """Tell the watchdog that this process stops the broker itself, and reap it."""
-        watchdog, self._watchdog = getattr(self, "_watchdog", None), None
+        """Tell the watchdog that the broker is stopped by its owner, and reap the watchdog."""
+        with self._watchdog_lock:
+            watchdog, self._watchdog = self._watchdog, None
         if watchdog is None:
             return
         assert watchdog.stdin is not None
-        with contextlib.suppress(OSError):  # BrokenPipeError if it already exited
+        # BrokenPipeError if it already exited, ValueError if the pipe was closed already
+        with contextlib.suppress(OSError, ValueError):
             watchdog.stdin.write(b"x")
             watchdog.stdin.flush()
         with contextlib.suppress(OSError):
             watchdog.stdin.close()
         try:
-            watchdog.wait(5.0)
+            watchdog.wait(30.0)
         except subprocess.TimeoutExpired:
             watchdog.kill()
             watchdog.wait()
+
+    def _forget_watchdog(self) -> None:
+        """In a forked child: close the inherited pipe end without writing (the owner's
+        watchdog must still see end of file when the owner dies) and never wait for it."""
+        with self._watchdog_lock:
+            watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None and watchdog.stdin is not None:
+            with contextlib.suppress(OSError):
+                watchdog.stdin.close()
+            watchdog.returncode = 0  # not our child here: keep Popen from waiting or warning
+
+
+# Brokers with an armed watchdog, so that a forked child can drop its copies of their pipes.
+_WATCHED: weakref.WeakSet[BrokerProcess] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # No locks here: one held by another thread at the fork would never be released.
+    for process in tuple(_WATCHED):
+        process._watchdog_lock = threading.Lock()
+        process._forget_watchdog()
+    _WATCHED.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def wait_until_answering(

@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
 import tempfile
 import threading
@@ -65,6 +66,10 @@ _RUNNING: weakref.WeakSet[LocalKafka] = weakref.WeakSet()
 def running_instances() -> tuple[LocalKafka, ...]:
     """The LocalKafka instances of this process whose broker is started and not yet stopped."""
     return tuple(_RUNNING)
+
+
+# A forked child inherits these objects but not their brokers; its exit must not stop them.
+os.register_at_fork(after_in_child=_RUNNING.clear)
 
 
 @atexit.register
@@ -234,6 +239,8 @@ class LocalKafka:
             self._workdir = None
             if process is not None:
                 process.stop(self._stop_timeout)
+                if not process.owned:
+                    workdir = None  # a forked child: the files belong to the parent's broker
             if workdir is not None:
                 shutil.rmtree(workdir, ignore_errors=True)
             self._port = None

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -91,3 +94,93 @@ def test_broker_process_stop_disarms_its_watchdog(tmp_path: Path) -> None:
     assert process.exit_code() is not None
     assert watchdog.poll() == 0  # reaped, exited without acting
     assert tmp_path.exists()  # the owner, not the watchdog, decides about the files
+
+
+def test_it_kills_a_broker_that_ignores_sigterm(tmp_path: Path) -> None:
+    stubborn = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert stubborn.stdout is not None
+        assert stubborn.stdout.readline() == b"ready\n"  # SIGTERM is ignored from here on
+
+        _watchdog.stop_orphan(stubborn.pid, str(tmp_path), grace=0.5)
+
+        assert stubborn.wait(5) == -signal.SIGKILL
+        assert not tmp_path.exists()
+    finally:
+        stubborn.kill()
+        stubborn.wait()
+        if stubborn.stdout is not None:
+            stubborn.stdout.close()
+
+
+def test_a_broker_that_exits_by_itself_disarms_the_watchdog_once_reaped(tmp_path: Path) -> None:
+    process = BrokerProcess(
+        [sys.executable, "-c", "pass"], log_path=tmp_path / "broker.log", cwd=tmp_path
+    )
+    watchdog = process._watchdog
+    assert watchdog is not None
+
+    assert _wait(lambda: process.exit_code() is not None)
+
+    # Its pid is free for reuse now: a watchdog still armed could later kill a stranger.
+    assert process._watchdog is None
+    assert watchdog.poll() == 0
+    process.stop(timeout=5)
+
+
+def test_a_forked_child_leaves_the_broker_and_its_watchdog_to_the_owner(tmp_path: Path) -> None:
+    directory = tmp_path / "broker"
+    directory.mkdir()
+    process = BrokerProcess(
+        [sys.executable, "-c", "import time; time.sleep(600)"],
+        log_path=tmp_path / "broker.log",
+        cwd=tmp_path,
+        cleanup_dir=directory,
+    )
+    watchdog = process._watchdog
+    assert watchdog is not None
+    assert watchdog.stdin is not None
+    report_read, report_write = os.pipe()
+    release_read, release_write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads, Python 3.12+
+        child = os.fork()
+    if child == 0:
+        try:
+            os.close(report_read)
+            os.close(release_write)  # else the read below never sees end of file
+            # Not the owner here: the broker is not this process's to watch or to stop.
+            ok = not process.owned and process.exit_code() is None
+            os.write(report_write, b"1" if ok else b"0")
+            os.read(release_read, 1)  # stay alive (holding whatever fds it holds) until released
+            process.stop(timeout=1)
+        finally:
+            os._exit(0)
+    os.close(report_write)
+    os.close(release_read)
+    try:
+        assert os.read(report_read, 1) == b"1"
+        assert process.exit_code() is None
+
+        # The owner "dies" (its end of the pipe closes) while the child still runs: the child
+        # dropped its inherited copy at the fork, so the watchdog sees end of file and acts.
+        watchdog.stdin.close()
+        assert watchdog.wait(30) == 0
+        assert _wait(lambda: process.exit_code() is not None)
+        assert not directory.exists()
+    finally:
+        os.close(release_write)
+        os.close(report_read)
+        os.waitpid(child, 0)
+        process.stop(timeout=5)
