@@ -79,15 +79,24 @@ def test_alive_treats_a_zombie_as_ended() -> None:
     assert not _watchdog.alive(child.pid)
 
 
-def test_broker_process_stop_disarms_its_watchdog(tmp_path: Path) -> None:
+def _sleeping_broker(
+    folder: Path, cleanup_dir: Path
+) -> tuple[BrokerProcess, subprocess.Popen[bytes]]:
+    """A BrokerProcess around a sleeping stand-in, and its armed watchdog."""
     process = BrokerProcess(
         [sys.executable, "-c", "import time; time.sleep(600)"],
-        log_path=tmp_path / "broker.log",
-        cwd=tmp_path,
-        cleanup_dir=tmp_path,
+        log_path=folder / "broker.log",
+        cwd=folder,
+        cleanup_dir=cleanup_dir,
     )
     watchdog = process._watchdog
     assert watchdog is not None
+    assert watchdog.stdin is not None
+    return process, watchdog
+
+
+def test_broker_process_stop_disarms_its_watchdog(tmp_path: Path) -> None:
+    process, watchdog = _sleeping_broker(tmp_path, tmp_path)
 
     process.stop(timeout=5)
 
@@ -142,14 +151,7 @@ def test_a_broker_that_exits_by_itself_disarms_the_watchdog_once_reaped(tmp_path
 def test_a_forked_child_leaves_the_broker_and_its_watchdog_to_the_owner(tmp_path: Path) -> None:
     directory = tmp_path / "broker"
     directory.mkdir()
-    process = BrokerProcess(
-        [sys.executable, "-c", "import time; time.sleep(600)"],
-        log_path=tmp_path / "broker.log",
-        cwd=tmp_path,
-        cleanup_dir=directory,
-    )
-    watchdog = process._watchdog
-    assert watchdog is not None
+    process, watchdog = _sleeping_broker(tmp_path, directory)
     assert watchdog.stdin is not None
     report_read, report_write = os.pipe()
     release_read, release_write = os.pipe()
