@@ -1,20 +1,25 @@
-"""Controller: owns all work state and loops over its inbox (thread ``<name>-controller``).
+"""Controller: the loop, the routing of events, and close (thread ``<name>-controller``).
 
-Everything that changes shards, partition states, retry timers or in-flight counts happens here,
-one event at a time. Other threads only post events (``post()``); the controller answers through
-futures and by sending commands to the poller and batches to the runner.
+It owns the work state and is the only thread that changes it, one event at a time, through
+parts that each own one kind of state: the partitions (``work/partitions.py``), the shards
+(``work/shards.py``), the retry queue (``retry.py``), the in-flight table
+(``work/inflight.py``), the commit tracker (``work/commits.py``) and the counters. What happens
+to a finished record is decided by ``work/outcomes.decide``; the controller carries it out.
+Other threads only post events (:meth:`Controller.post`); the controller answers through
+futures and by sending commands to the poller, commits to the committer and batches to the
+runner.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import heapq
-import itertools
+import enum
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from parallel_consumer._clock import Clock
 from parallel_consumer._events import (
@@ -24,9 +29,11 @@ from parallel_consumer._events import (
     PartitionsAssigned,
     PartitionsLost,
     PartitionsRevoked,
+    PollerCommand,
     PollerFailed,
     PositionsReached,
     RecordsPolled,
+    RecordUnreadable,
     Release,
     SetPaused,
     StopPoller,
@@ -35,19 +42,19 @@ from parallel_consumer._events import (
 from parallel_consumer.commit import Committer
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.errors import InternalError, Retry
-from parallel_consumer.offsets import (
-    CommitPlan,
-    MetadataStatus,
-    OffsetDecodeError,
-    decode_offset_map,
-    plan_commit,
-)
+from parallel_consumer.hooks import Hooks, NoHooks, StallReport
+from parallel_consumer.offsets import OffsetDecodeError, decode_offset_map
 from parallel_consumer.options import InvalidMetadataPolicy, Options, ProcessingOrder
-from parallel_consumer.retry import retry_delay
+from parallel_consumer.retry import RetryQueue
 from parallel_consumer.runners.base import Handler, Runner
-from parallel_consumer.status import Lifecycle, Statistics
-from parallel_consumer.work.backpressure import credit_chunk, partition_cap, partitions_to_pause
+from parallel_consumer.status import Lifecycle, PollerStatistics, Statistics
+from parallel_consumer.work.backpressure import partition_cap, partitions_to_pause
+from parallel_consumer.work.commits import CommitAnswer, CommitTracker, OffsetCommit
+from parallel_consumer.work.counters import Counters
+from parallel_consumer.work.credit import credit_chunk
+from parallel_consumer.work.inflight import InFlight
 from parallel_consumer.work.item import TopicPartition, WorkItem
+from parallel_consumer.work.outcomes import RetryAt, decide
 from parallel_consumer.work.partitions import PartitionState
 from parallel_consumer.work.shards import ShardMap, shard_key_for
 
@@ -59,10 +66,37 @@ log = logging.getLogger("parallel_consumer")
 FINAL_COMMIT_TIMEOUT = 10.0
 #: How long the poller (and, after a failure, the workers) may take to stop.
 STOP_TIMEOUT = 10.0
-#: A commit neither acknowledged nor failed after this long is sent again.
-PENDING_COMMIT_TIMEOUT = 30.0
 #: How often paused partitions are checked for resumption while nothing else happens.
 PAUSE_CHECK_INTERVAL = 0.005
+#: Records waiting with nothing in flight and nothing due for this long is reported as a stall.
+STALL_AFTER = 1.0
+
+
+class PollerPort(Protocol):
+    """What the controller needs of the poller."""
+
+    def send(self, command: PollerCommand) -> None: ...
+
+    def join(self, timeout: float) -> bool: ...
+
+    def statistics(self) -> PollerStatistics: ...
+
+
+class _ClosePhase(enum.Enum):
+    WORK = "work"  #: draining buffered records / waiting for in-flight calls
+    FINAL_COMMIT = "final_commit"  #: waiting for the broker to acknowledge the final commit
+    STOP_POLLER = "stop_poller"  #: waiting for the poller to close the client
+
+
+@dataclass(slots=True)
+class _Close:
+    request: Control
+    deadline: float
+    phase: _ClosePhase = _ClosePhase.WORK
+    #: Clock time by which the final commit must be acknowledged.
+    commit_deadline: float = 0.0
+    #: Real time (time.monotonic) by which the poller must have stopped.
+    poller_deadline: float = 0.0
 
 
 class Controller:
@@ -73,9 +107,10 @@ class Controller:
         options: Options,
         *,
         runner: Runner,
-        poller: Any,  # anything with send(PollerCommand) and join(timeout) -> bool
+        poller: PollerPort,
         committer: Committer,
         clock: Clock,
+        hooks: Hooks | None = None,
         name: str | None = None,
     ) -> None:
         self._options = options
@@ -83,6 +118,7 @@ class Controller:
         self._poller = poller
         self._committer = committer
         self._clock = clock
+        self._hooks = hooks or NoHooks()
         self._inbox: queue.SimpleQueue[ControllerEvent] = queue.SimpleQueue()
         self._thread = threading.Thread(
             target=self._run, name=f"{name or options.name}-controller", daemon=True
@@ -95,33 +131,22 @@ class Controller:
         # -- work state (controller thread only) --
         self._partitions: dict[TopicPartition, PartitionState] = {}
         self._shards = ShardMap(options.ordering)
-        self._blocked: dict[TopicPartition, int] = {}
-        self._retries: list[tuple[float, int, WorkItem]] = []
-        self._retry_seq = itertools.count()
-        self._batches_in_flight = 0
-        self._records_in_flight = 0
+        self._retries = RetryQueue()
+        self._in_flight = InFlight()
+        self._commits = CommitTracker(options.max_metadata_bytes)
+        self._counters = Counters()
+        #: Credit not yet returned to the poller (records that left the engine).
         self._to_release = 0
-        self._paused: frozenset[TopicPartition] = frozenset()
         self._credit_chunk = credit_chunk(options.buffer_limit, options.fetch_batch_size)
+        self._paused: frozenset[TopicPartition] = frozenset()
         #: Pause decisions are re-evaluated when records arrived or, while some partition is
         #: paused, at most every PAUSE_CHECK_INTERVAL: not on every turn of the loop.
         self._pauses_stale = True
         self._next_pause_check = 0.0
         self._next_commit = 0.0
-        # -- close --
-        self._close_requested: Control | None = None
-        self._close_deadline = 0.0
-        self._final_commit_deadline: float | None = None
-        # -- counters --
-        self._registered = 0
-        self._skipped = 0
-        self._succeeded = 0
-        self._failed = 0
-        self._stale = 0
-        self._commits_sent = 0
-        self._commits_acked = 0
-        self._commit_failures = 0
-        self._pauses = 0
+        self._stall_since: float | None = None
+        self._stall_reported = False
+        self._close: _Close | None = None
 
     # -- other threads ------------------------------------------------------------------------
 
@@ -153,7 +178,8 @@ class Controller:
 
     def _run(self) -> None:
         try:
-            self._loop()
+            while not self.run_once(block=True):
+                pass
         except BaseException as exc:
             log.error("controller failed", exc_info=True)
             if isinstance(exc, InternalError):
@@ -164,17 +190,13 @@ class Controller:
             self._emergency_stop()
         finally:
             self.lifecycle = Lifecycle.CLOSED
-            if self._close_requested is not None:
-                self._close_requested.reply.set_result(None)
+            if self._close is not None:
+                self._close.request.reply.set_result(None)
             self._answer_pending_controls()
             if self._failure is not None:
                 self.stopped.set_exception(self._failure)
             else:
                 self.stopped.set_result(None)
-
-    def _loop(self) -> None:
-        while not self.run_once(block=True):
-            pass
 
     def run_once(self, *, block: bool) -> bool:
         """One turn of the loop: wait for events (if ``block``), handle them, dispatch, commit,
@@ -200,9 +222,11 @@ class Controller:
         now = clock.monotonic()
         if self._retries:
             self._release_due_retries(now)
-        self._dispatch()
+        for tp in self._commits.take_unblocked():
+            self._shards.unpark(tp)
+        self._dispatch(now)
         if now >= self._next_commit:
-            self._commit_dirty()
+            self._send_commits(self._commits.due(self._partitions.values(), now))
             self._next_commit = now + self._options.commit_interval
         if (
             self._pauses_stale
@@ -216,7 +240,8 @@ class Controller:
         if release and (release >= self._credit_chunk or self._shards.waiting < self._credit_chunk):
             self._poller.send(Release(release))
             self._to_release = 0
-        return self._close_requested is not None and self._close_step(now)
+        self._watch_for_stall(now)
+        return self._close is not None and self._close_step(now)
 
     def _assert_owner(self) -> None:
         owner = self._thread.ident
@@ -228,9 +253,15 @@ class Controller:
 
     def _next_deadline(self, now: float) -> float:
         deadline = self._next_commit
-        if self._retries and self._retries[0][0] < deadline:
-            deadline = self._retries[0][0]
-        if self._close_requested is not None:
+        due = self._retries.next_due()
+        if due is not None and due < deadline:
+            deadline = due
+        if self._paused and self._next_pause_check < deadline:
+            # A paused partition resumes once its backlog drained: check even if no event comes.
+            deadline = self._next_pause_check
+        if self._stall_since is not None and not self._stall_reported:
+            deadline = min(deadline, self._stall_since + STALL_AFTER)
+        if self._close is not None:
             deadline = min(deadline, now + 0.05)
         return deadline
 
@@ -243,7 +274,7 @@ class Controller:
         if isinstance(event, RecordsPolled):
             self._on_records(event)
         elif isinstance(event, CommitResult):
-            self._on_commit_result(event)
+            self._on_commit_result(event.answers)
         elif isinstance(event, PartitionsAssigned):
             self._on_assigned(event)
         elif isinstance(event, PartitionsRevoked):
@@ -251,6 +282,7 @@ class Controller:
         elif isinstance(event, PartitionsLost):
             for tp in event.tps:
                 self._forget(tp)
+            self._hooks.on_rebalance("lost", event.tps)
         elif isinstance(event, PositionsReached):
             for tp, epoch, offset in event.positions:
                 state = self._partitions.get(tp)
@@ -258,14 +290,21 @@ class Controller:
                     state.read_to(offset)
         elif isinstance(event, Control):
             self._on_control(event)
+        elif isinstance(event, RecordUnreadable):
+            raise InternalError(
+                f"{event.tp[0]}[{event.tp[1]}]@{event.offset} cannot be read ({event.error}); "
+                "stopping without committing past it. Fix or delete the record (or move the "
+                "group's offset past it) and start again"
+            )
         elif isinstance(event, PollerFailed):
             raise InternalError(f"the Kafka poller failed: {event.error}") from event.error
 
-    # -- records in -----------------------------------------------------------------------------
+    # -- records in, partitions in and out ------------------------------------------------------
 
     def _on_records(self, event: RecordsPolled) -> None:
         ordering = self._options.ordering
         shards = self._shards
+        counters = self._counters
         for tp, (epoch, messages) in event.batches.items():
             state = self._partitions.get(tp)
             if state is None or state.epoch != epoch:
@@ -274,12 +313,12 @@ class Controller:
             fresh = state.accept(messages)
             skipped = len(messages) - len(fresh)
             if skipped:
-                self._skipped += skipped
+                counters.skipped += skipped
                 self._to_release += skipped
             shards.add(
                 tp, [WorkItem(m, tp, shard_key_for(ordering, tp, m.key()), epoch) for m in fresh]
             )
-            self._registered += len(fresh)
+            counters.registered += len(fresh)
 
     def _on_assigned(self, event: PartitionsAssigned) -> None:
         for assignment in event.assignments:
@@ -318,45 +357,47 @@ class Controller:
                 restored_incomplete=restored,
                 restored_highest=highest,
             )
+        self._hooks.on_rebalance("assigned", [a.tp for a in event.assignments])
 
     def _on_revoked(self, event: PartitionsRevoked) -> None:
-        offsets = []
+        """The poller waits inside its revoke callback until ``reply`` resolves, running the
+        commands it receives meanwhile: the final commit sent here reaches the broker before
+        the partitions are let go, and after every commit sent for them earlier."""
+        now = self._clock.monotonic()
+        final = []
         for tp in event.tps:
             state = self._partitions.get(tp)
-            if state is not None and (state.dirty or state.pending_commits):
-                plan = self._plan(state)
-                if plan is not None:
-                    state.commit_sent(plan.offset, plan.metadata, self._clock.monotonic())
-                    offsets.append((tp, plan.offset, plan.metadata))
-                    self._commits_sent += 1
+            if state is not None:
+                commit = self._commits.final_for(state, now)
+                if commit is not None:
+                    final.append(commit)
             self._forget(tp)
-        event.reply.set_result(offsets)
+        if final:
+            self._send_commits(final, final=True)
+        event.reply.set_result(None)
+        self._hooks.on_rebalance("revoked", event.tps)
 
     def _forget(self, tp: TopicPartition) -> None:
-        state = self._partitions.pop(tp, None)
-        if state is None:
+        if self._partitions.pop(tp, None) is None:
             return
         self._to_release += self._shards.remove_partition(tp)
-        if self._blocked.pop(tp, None) is not None:
-            self._shards.unpark(tp)
-        kept = [entry for entry in self._retries if entry[2].tp != tp]
-        if len(kept) != len(self._retries):
-            self._to_release += len(self._retries) - len(kept)
-            heapq.heapify(kept)
-            self._retries = kept
+        self._to_release += self._retries.forget(tp)
+        self._commits.forget(tp)
+        # Its records in flight come back as stale results and return their credit then.
 
     # -- dispatch and results -------------------------------------------------------------------
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, now: float) -> None:
         if self.lifecycle is not Lifecycle.RUNNING and self.lifecycle is not Lifecycle.DRAINING:
             return
-        shards = self._shards
-        take = shards.take
-        blocked = self._blocked
+        take = self._shards.take
+        blocked = self._commits.blocked
+        in_flight = self._in_flight
         capacity = self._runner.capacity + self._runner.backlog
         batch_size = self._options.batch_size
         submit = self._runner.submit
-        while self._batches_in_flight < capacity:
+        on_dispatch = self._hooks.on_dispatch
+        while len(in_flight) < capacity:
             items: list[WorkItem] = []
             while len(items) < batch_size:
                 item = take(blocked)
@@ -365,155 +406,111 @@ class Controller:
                 items.append(item)
             if not items:
                 return
+            batch = in_flight.add(items, now)
             context = PollContext(
                 [
                     RecordContext(i.message, i.attempts, i.last_failure, i.last_failure_at)
                     for i in items
                 ]
             )
-            self._batches_in_flight += 1
-            self._records_in_flight += len(items)
-            submit(items, context)
+            on_dispatch(batch.id, context)
+            submit(batch.id, context)
 
     def _on_work_done(self, event: WorkDone) -> None:
-        self._batches_in_flight -= 1
-        self._records_in_flight -= len(event.items)
-        error = event.error
+        batch = self._in_flight.pop(event.batch)
+        if batch is None:
+            return  # taken back from the runner on close
+        self._hooks.on_work_done(batch.id, event.errors, event.finished_at - batch.started_at)
         partitions = self._partitions
-        for item in event.items:
+        counters = self._counters
+        blocked = self._commits.blocked
+        for item, error in zip(batch.items, event.errors, strict=True):
             state = partitions.get(item.tp)
             if state is None or state.epoch != item.epoch:
-                self._stale += 1
+                counters.stale += 1
                 self._to_release += 1
                 continue
             if error is None:
-                self._succeeded += 1
+                counters.succeeded += 1
                 self._to_release += 1
                 state.succeeded(item.offset)
                 self._shards.finished(item)
-                if self._blocked and not state.blocked and item.tp in self._blocked:
-                    del self._blocked[item.tp]
-                    self._shards.unpark(item.tp)
+                if blocked and item.tp in blocked:
+                    self._commits.after_success(state)
             else:
-                self._failed += 1
-                self._schedule_retry(item, error, event.finished_at)
+                counters.failed += 1
+                self._failed(item, error, event.finished_at)
 
-    def _schedule_retry(self, item: WorkItem, error: BaseException, finished_at: float) -> None:
+    def _failed(self, item: WorkItem, error: BaseException, finished_at: float) -> None:
         item.attempts += 1
         item.last_failure = error
         item.last_failure_at = self._clock.now()
-        context = RecordContext(item.message, item.attempts, error, item.last_failure_at)
-        delay = retry_delay(self._options, error, context)
+        record = RecordContext(item.message, item.attempts, error, item.last_failure_at)
+        decision = decide(error, record, finished_at, self._options)
+        assert isinstance(decision, RetryAt)
         log.log(
             logging.DEBUG if isinstance(error, Retry) else logging.WARNING,
             "%s[%d]@%d failed (attempt %d), retrying in %.3fs: %r",
             *item.tp,
             item.offset,
             item.attempts,
-            delay,
+            decision.delay,
             error,
         )
         self._shards.retry_later(item)
-        heapq.heappush(self._retries, (finished_at + delay, next(self._retry_seq), item))
+        self._retries.push(item, decision.due)
 
     def _release_due_retries(self, now: float) -> None:
-        retries = self._retries
-        due = []
-        while retries and retries[0][0] <= now:
-            due.append(heapq.heappop(retries)[2])
-        # Each goes back to the front of its shard: the highest offset first, so that records of
-        # a failed batch end up in offset order again.
-        due.sort(key=lambda item: item.offset, reverse=True)
-        for item in due:
+        for item in self._retries.pop_due(now):
             state = self._partitions.get(item.tp)
-            if state is None or state.epoch != item.epoch:
+            if state is None or state.epoch != item.epoch:  # pragma: no cover - forgotten
                 self._to_release += 1
                 continue
             self._shards.retry_now(item)
 
     # -- commits ------------------------------------------------------------------------------
 
-    def _plan(self, state: PartitionState) -> CommitPlan | None:
-        plan = plan_commit(
-            state.incomplete.below(state.highest_succeeded),
-            state.highest_succeeded,
-            max_metadata_bytes=self._options.max_metadata_bytes,
-        )
-        if not state.incomplete:
-            # Nothing unfinished: the client's read position may be past trailing transaction
-            # markers or aborted records, which would otherwise show as lag forever.
-            target = state.offset_to_commit()
-            if plan is None and target > max(0, state.committed_offset or 0):
-                plan = CommitPlan(
-                    offset=target, metadata="", status=MetadataStatus.FITS, encoding=None, size=0
+    def _send_commits(self, commits: list[OffsetCommit], *, final: bool = False) -> None:
+        if not commits:
+            return
+        self._counters.commits_sent += len(commits)
+        answer = self._committer.commit(commits, final=final)
+        answer.add_done_callback(self._post_answer)
+
+    def _post_answer(self, answer: Future[tuple[CommitAnswer, ...]]) -> None:
+        # Runs on whichever thread resolves the future (the poller): only posts.
+        self.post(CommitResult(answer.result()))
+
+    def _on_commit_result(self, answers: tuple[CommitAnswer, ...]) -> None:
+        counters = self._counters
+        for answer in answers:
+            commit = answer.commit
+            if answer.error is None:
+                counters.commits_acknowledged += 1
+            elif answer.permanent:
+                raise InternalError(
+                    f"the broker rejected the commit of {commit.tp[0]}[{commit.tp[1]}]@"
+                    f"{commit.offset} for good: {answer.error}"
                 )
-            elif plan is not None and plan.offset < target:
-                plan = dataclasses.replace(plan, offset=target)
-        if plan is None:
-            return None
-        state.metadata_size = plan.size
-        state.metadata_status = plan.status.name.lower()
-        too_big = plan.status is not MetadataStatus.FITS
-        tp = state.tp
-        if too_big and not state.blocked:
-            state.blocked = True
-            self._blocked[tp] = state.highest_succeeded
-            log.warning(
-                "%s[%d]: offset map is %d bytes (%s, limit %d): only records below offset %d "
-                "run until it shrinks%s",
-                *tp,
-                plan.size,
-                plan.status.name,
-                self._options.max_metadata_bytes,
-                state.highest_succeeded,
-                "; committing the offset without it" if plan.metadata == "" else "",
-            )
-        elif not too_big and state.blocked:
-            state.blocked = False
-            if self._blocked.pop(tp, None) is not None:
-                self._shards.unpark(tp)
-        return plan
-
-    def _commit_dirty(self, *, final: bool = False) -> None:
-        now = self._clock.monotonic()
-        offsets = []
-        for tp, state in self._partitions.items():
-            if not state.dirty:
-                continue
-            plan = self._plan(state)
-            if plan is None:
-                continue
-            sent_at = state.pending_commits.get((plan.offset, plan.metadata))
-            if not final and sent_at is not None and now - sent_at[1] < PENDING_COMMIT_TIMEOUT:
-                continue  # the same commit is on its way; its answer decides
-            state.commit_sent(plan.offset, plan.metadata, now)
-            offsets.append((tp, plan.offset, plan.metadata))
-        if offsets:
-            self._commits_sent += len(offsets)
-            self._committer.commit(offsets, final=final)
-
-    def _on_commit_result(self, event: CommitResult) -> None:
-        for tp, offset, metadata, error in event.results:
-            state = self._partitions.get(tp)
-            if error is None:
-                self._commits_acked += 1
             else:
-                self._commit_failures += 1
+                counters.commit_failures += 1
                 log.warning(
                     "commit of %s[%d]@%d failed (retried at the next interval): %s",
-                    *tp,
-                    offset,
-                    error,
+                    *commit.tp,
+                    commit.offset,
+                    answer.error,
                 )
+            state = self._partitions.get(commit.tp)
             if state is not None:
-                state.commit_acknowledged(offset, metadata, ok=error is None)
+                self._commits.answered(state, answer)
+        self._hooks.on_commit(answers)
 
-    # -- back-pressure ------------------------------------------------------------------------
+    # -- back-pressure and stalls ---------------------------------------------------------------
 
     def _starving(self) -> bool:
         """Workers are idle while records wait: every waiting record is behind a busy lane."""
         return (
-            self._batches_in_flight < self._runner.capacity + self._runner.backlog
+            len(self._in_flight) < self._runner.capacity + self._runner.backlog
             and self._shards.waiting > 0
             and not self._shards.has_ready()
         )
@@ -534,9 +531,39 @@ class Controller:
         else:
             wanted = frozenset(assigned)
         if wanted != self._paused:
-            self._pauses += len(wanted - self._paused)
+            self._counters.pauses += len(wanted - self._paused)
             self._paused = wanted
             self._poller.send(SetPaused(wanted))
+
+    def _watch_for_stall(self, now: float) -> None:
+        """Records waiting while nothing runs and no retry is due can only mean a bug in the
+        engine (every waiting record is either runnable or behind one that is busy): say so
+        loudly instead of stalling silently."""
+        stalled = (
+            self._shards.waiting
+            and not self._in_flight
+            and not self._retries
+            and (self.lifecycle is Lifecycle.RUNNING or self.lifecycle is Lifecycle.DRAINING)
+        )
+        if not stalled:
+            self._stall_since = None
+            self._stall_reported = False
+            return
+        if self._stall_since is None:
+            self._stall_since = now
+        elif not self._stall_reported and now - self._stall_since >= STALL_AFTER:
+            self._stall_reported = True
+            self._counters.stalls += 1
+            report = StallReport(
+                waiting=self._shards.waiting,
+                retry_waiting=len(self._retries),
+                in_flight=self._in_flight.records,
+                paused_partitions=len(self._paused),
+                blocked_partitions=len(self._commits.blocked),
+                idle_for=now - self._stall_since,
+            )
+            log.warning("no progress: %s; %r %r", report, self._shards, self._commits)
+            self._hooks.on_stall(report)
 
     # -- control and close --------------------------------------------------------------------
 
@@ -553,20 +580,17 @@ class Controller:
                 self.lifecycle = Lifecycle.RUNNING
             event.reply.set_result(self.lifecycle)
         elif action == "close":
-            if self._close_requested is not None:
+            if self._close is not None:
                 # Already closing: answer when the first close finishes.
-                self._close_requested.reply.add_done_callback(
-                    lambda _: event.reply.set_result(None)
-                )
+                self._close.request.reply.add_done_callback(lambda _: event.reply.set_result(None))
                 return
             self._begin_close(event)
         else:  # pragma: no cover - the facade sends only the actions above
             event.reply.set_exception(ValueError(f"unknown control action {action!r}"))
 
     def _begin_close(self, event: Control) -> None:
-        self._close_requested = event
         timeout = self._options.shutdown_timeout if event.timeout is None else event.timeout
-        self._close_deadline = self._clock.monotonic() + timeout
+        self._close = _Close(event, self._clock.monotonic() + timeout)
         if event.drain:
             self.lifecycle = Lifecycle.DRAINING
             return
@@ -574,39 +598,57 @@ class Controller:
         # Not started yet: left for the next owner of the partition (they stay uncommitted).
         for tp in list(self._partitions):
             self._to_release += self._shards.remove_partition(tp)
+        for batch_id in self._runner.cancel_queued():
+            batch = self._in_flight.pop(batch_id)
+            if batch is not None:
+                self._to_release += len(batch.items)
 
     def _close_step(self, now: float) -> bool:
         """Advance the close; True when the controller may stop."""
-        if self._final_commit_deadline is None:
+        close = self._close
+        assert close is not None
+        if close.phase is _ClosePhase.WORK:
+            in_flight = self._in_flight.records
             if self.lifecycle is Lifecycle.DRAINING:
-                if (self._shards.waiting or self._retries or self._records_in_flight) and (
-                    now < self._close_deadline
-                ):
+                if (self._shards.waiting or self._retries or in_flight) and now < close.deadline:
                     return False
                 self.lifecycle = Lifecycle.CLOSING
-            if self._records_in_flight and now < self._close_deadline:
+            if in_flight and now < close.deadline:
                 return False
-            if self._records_in_flight or self._shards.waiting or self._retries:
+            if in_flight or self._shards.waiting or self._retries:
                 log.warning(
                     "closing with %d records in flight, %d waiting and %d waiting for a retry: "
                     "they are not committed and will be processed again",
-                    self._records_in_flight,
+                    in_flight,
                     self._shards.waiting,
                     len(self._retries),
                 )
-            self._runner.stop(timeout=0.0 if self._records_in_flight else 1.0)
-            self._commit_dirty(final=True)
-            self._final_commit_deadline = now + FINAL_COMMIT_TIMEOUT
+            # From here on no handler call starts, whatever is still queued in the runner.
+            self._runner.stop(timeout=0.0 if in_flight else 1.0)
+            self._send_commits(
+                self._commits.due(self._partitions.values(), now, final=True), final=True
+            )
+            close.phase = _ClosePhase.FINAL_COMMIT
+            close.commit_deadline = now + FINAL_COMMIT_TIMEOUT
             return False
-        pending = any(state.pending_commits for state in self._partitions.values())
-        if pending and now < self._final_commit_deadline:
+        if close.phase is _ClosePhase.FINAL_COMMIT:
+            pending = self._commits.has_pending()
+            if pending and now < close.commit_deadline:
+                return False
+            if pending:
+                log.warning("the final commit was not acknowledged in time")
+            self._poller.send(StopPoller())
+            close.phase = _ClosePhase.STOP_POLLER
+            close.poller_deadline = time.monotonic() + STOP_TIMEOUT
             return False
-        if pending:
-            log.warning("the final commit was not acknowledged in time")
-        self._poller.send(StopPoller())
-        if not self._poller.join(STOP_TIMEOUT):
+        # Not a blocking join: the poller may be inside a revoke callback waiting for this
+        # thread's answer, which the loop keeps giving until the poller has stopped.
+        if self._poller.join(0.0):
+            return True
+        if time.monotonic() >= close.poller_deadline:
             log.warning("the poller did not stop in time")
-        return True
+            return True
+        return False
 
     def _emergency_stop(self) -> None:
         """After a failure: stop the workers and the poller without committing."""
@@ -614,7 +656,9 @@ class Controller:
             self._runner.stop(timeout=STOP_TIMEOUT)
         finally:
             self._poller.send(StopPoller())
-            self._poller.join(STOP_TIMEOUT)
+            deadline = time.monotonic() + STOP_TIMEOUT
+            while not self._poller.join(0.05) and time.monotonic() < deadline:
+                self._answer_pending_controls()
 
     def _answer_pending_controls(self) -> None:
         while True:
@@ -628,36 +672,49 @@ class Controller:
                 else:
                     event.reply.set_result(self.lifecycle)
             elif isinstance(event, PartitionsRevoked):
-                event.reply.set_result([])
+                event.reply.set_result(None)
 
     # -- views --------------------------------------------------------------------------------
 
     def statistics(self) -> Statistics:
+        counters = self._counters
+        commits = self._commits
         retry_waiting = len(self._retries)
+        in_flight = self._in_flight.records
+        partitions = []
+        for tp, state in self._partitions.items():
+            size, status = commits.metadata(tp)
+            partitions.append(
+                state.snapshot(
+                    blocked=tp in commits.blocked, metadata_size=size, metadata_status=status
+                )
+            )
         return Statistics(
             lifecycle=self.lifecycle,
-            records_registered=self._registered,
-            records_skipped=self._skipped,
-            records_succeeded=self._succeeded,
-            records_failed=self._failed,
-            results_stale=self._stale,
+            records_registered=counters.registered,
+            records_skipped=counters.skipped,
+            records_succeeded=counters.succeeded,
+            records_failed=counters.failed,
+            results_stale=counters.stale,
             waiting=self._shards.waiting,
-            in_flight=self._records_in_flight,
+            in_flight=in_flight,
             retry_waiting=retry_waiting,
-            held=self._shards.waiting + self._records_in_flight + retry_waiting,
+            held=self._shards.waiting + in_flight + retry_waiting,
             shards=len(self._shards),
-            commits_sent=self._commits_sent,
-            commits_acknowledged=self._commits_acked,
-            commit_failures=self._commit_failures,
+            commits_sent=counters.commits_sent,
+            commits_acknowledged=counters.commits_acknowledged,
+            commit_failures=counters.commit_failures,
             paused_partitions=len(self._paused),
-            partition_pauses=self._pauses,
-            blocked_partitions=len(self._blocked),
-            partitions=tuple(s.snapshot() for s in self._partitions.values()),
+            partition_pauses=counters.pauses,
+            blocked_partitions=len(commits.blocked),
+            stalls=counters.stalls,
+            partitions=tuple(partitions),
+            poller=self._poller.statistics(),
         )
 
     def __repr__(self) -> str:
         return (
             f"<Controller {self.lifecycle.name} partitions={len(self._partitions)} "
-            f"waiting={self._shards.waiting} in_flight={self._records_in_flight} "
+            f"waiting={self._shards.waiting} in_flight={self._in_flight.records} "
             f"retries={len(self._retries)}>"
         )

@@ -7,20 +7,24 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from parallel_consumer.work.item import TopicPartition, WorkItem
+from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
+from parallel_consumer.work.item import TopicPartition
 
 __all__ = [
     "Assignment",
     "Commit",
+    "CommitAnswer",
     "CommitResult",
     "Control",
     "ControllerEvent",
+    "OffsetCommit",
     "PartitionsAssigned",
     "PartitionsLost",
     "PartitionsRevoked",
     "PollerCommand",
     "PollerFailed",
     "PositionsReached",
+    "RecordUnreadable",
     "RecordsPolled",
     "Release",
     "SetPaused",
@@ -37,7 +41,6 @@ class RecordsPolled:
     """One ``consume()`` result, grouped by partition, stamped with each partition's epoch."""
 
     batches: dict[TopicPartition, tuple[int, list[Any]]]  # tp -> (epoch, messages)
-    count: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +69,11 @@ class PartitionsAssigned:
 
 @dataclass(frozen=True, slots=True)
 class PartitionsRevoked:
-    """Partitions are being taken away; ``reply`` gets the final commit offsets for them."""
+    """Partitions are being taken away. The controller sends their final commit through the
+    committer, then resolves ``reply``; the poller runs that commit before it lets go of them."""
 
     tps: tuple[TopicPartition, ...]
-    reply: Future[list[tuple[TopicPartition, int, str]]] = field(compare=False)
+    reply: Future[None] = field(compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +85,18 @@ class PartitionsLost:
 
 @dataclass(frozen=True, slots=True)
 class CommitResult:
-    """The broker's answer to a commit: per partition (tp, offset, metadata, error or None)."""
+    """Answers to one commit request."""
 
-    results: tuple[tuple[TopicPartition, int, str | None, str | None], ...]
+    answers: tuple[CommitAnswer, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordUnreadable:
+    """The client could not deliver the record at ``offset`` (corrupt, undeserialisable)."""
+
+    tp: TopicPartition
+    offset: int
+    error: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +109,16 @@ class PollerFailed:
 
 @dataclass(frozen=True, slots=True)
 class WorkDone:
-    """A handler call ended. ``error`` is None on success."""
+    """A handler call ended.
 
-    items: Sequence[WorkItem]
-    error: BaseException | None
+    ``errors`` holds one outcome per record of the batch, in the batch's order: None where the
+    record succeeded, the exception where it failed (a call that raised fails every record).
+    ``value`` is what the handler returned (None when it raised).
+    """
+
+    batch: int
+    errors: Sequence[BaseException | None]
+    value: object
     finished_at: float  # clock.monotonic() when the call ended
 
 
@@ -124,6 +143,7 @@ ControllerEvent = (
     | PartitionsLost
     | PositionsReached
     | CommitResult
+    | RecordUnreadable
     | PollerFailed
     | WorkDone
     | Control
@@ -135,10 +155,13 @@ ControllerEvent = (
 
 @dataclass(frozen=True, slots=True)
 class Commit:
-    """Commit these offsets: (tp, offset, metadata). ``sync`` blocks the poller until answered."""
+    """Commit these offsets; ``sync`` blocks the poller until answered. ``reply`` gets one
+    answer per offset. Offsets of partitions the poller no longer holds in that epoch never
+    reach the client (they are answered as failed at once)."""
 
-    offsets: tuple[tuple[TopicPartition, int, str], ...]
+    offsets: tuple[OffsetCommit, ...]
     sync: bool
+    reply: Future[tuple[CommitAnswer, ...]] = field(compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,12 +4,17 @@ It fetches in batches, stamps each partition's records with its assignment epoch
 the controller, runs the commits and pause decisions the controller sends it, and handles the
 rebalance callbacks, which the client runs inside ``consume()`` on this same thread.
 
-Credit: the poller never holds more than ``limit`` records in the engine. Every record it posts
-uses one credit; the controller returns credit (``Release``) as records leave. ``consume()`` asks
-for at most the remaining credit, so the bound holds exactly. When no credit is left the poller
-waits for some without calling the client, which keeps its prefetched records (pausing would
-drop them and cost a fetch round trip on resume); only a stall longer than
-``STALL_PAUSE_AFTER`` pauses every partition so that ``consume()`` serves the group protocol.
+Credit (``work/credit.py``): the poller never holds more than ``limit`` records in the engine.
+Every record it posts takes one unit; the controller gives units back (``Release``) as records
+leave. ``consume()`` asks for at most the remaining credit, so the bound holds exactly. When too
+little credit is left the poller waits for some without calling the client, which keeps its
+prefetched records (pausing would drop them and cost a fetch round trip on resume); only a wait
+longer than ``STALL_PAUSE_AFTER`` pauses every partition so that ``consume()`` serves the group
+protocol.
+
+Commits carry the assignment epoch they were planned in. One that reaches the poller after its
+partition was revoked (or revoked and assigned again) never reaches the client: a commit queued
+before a revoke must not land after the revoke's final commit and move the group's offset back.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -29,7 +35,6 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 from parallel_consumer._events import (
     Assignment,
     Commit,
-    CommitResult,
     ControllerEvent,
     PartitionsAssigned,
     PartitionsLost,
@@ -38,11 +43,14 @@ from parallel_consumer._events import (
     PollerFailed,
     PositionsReached,
     RecordsPolled,
+    RecordUnreadable,
     Release,
     SetPaused,
     StopPoller,
 )
-from parallel_consumer.work.backpressure import credit_chunk
+from parallel_consumer.status import PollerStatistics
+from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
+from parallel_consumer.work.credit import Credit
 from parallel_consumer.work.item import TopicPartition
 
 __all__ = ["Poller", "RebalanceCallback"]
@@ -56,15 +64,34 @@ POLL_TIMEOUT = 0.05
 #: How long the poller may wait for credit without calling ``consume()``. Past it, every
 #: partition is paused so that ``consume()`` can serve rebalances and commit answers again.
 STALL_PAUSE_AFTER = 1.0
-#: How long a revoke waits for the controller's final offsets of the revoked partitions.
+#: How long a revoke waits for the controller's final commit of the revoked partitions.
 REVOKE_TIMEOUT = 10.0
 #: How long one committed() request (on assignment) may take before the attempt counts as failed.
 #: Commits have no timeout of ours: the client's own request timeouts apply.
 REQUEST_TIMEOUT = 10.0
+#: Asynchronous commits still waiting for the client's callback beyond this many are answered
+#: as lost (the controller sends them again).
+MAX_UNANSWERED_COMMITS = 64
+
+#: Commit errors that fail again however often they are retried.
+_PERMANENT_COMMIT_ERRORS = {
+    KafkaError.OFFSET_METADATA_TOO_LARGE: (
+        "the offset map is larger than the broker's offset.metadata.max.bytes; set "
+        "Options(max_metadata_bytes=...) to at most that value"
+    ),
+    KafkaError.INVALID_COMMIT_OFFSET_SIZE: (
+        "the offset map is larger than the broker's offset.metadata.max.bytes; set "
+        "Options(max_metadata_bytes=...) to at most that value"
+    ),
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: "the consumer may not commit for this topic",
+    KafkaError.GROUP_AUTHORIZATION_FAILED: "the consumer may not commit for this group",
+    KafkaError.INVALID_GROUP_ID: "the group.id is not valid",
+}
 
 
 class Poller:
-    """Owns the Kafka consumer. Every method except :meth:`send` runs on the poller thread."""
+    """Owns the Kafka consumer. Every method except :meth:`send`, :meth:`join`,
+    :meth:`statistics` and the set-up calls runs on the poller thread."""
 
     def __init__(
         self,
@@ -78,29 +105,31 @@ class Poller:
     ) -> None:
         # Built on the caller's thread so that configuration errors surface at construction;
         # from start() on only the poller thread touches it.
-        self._consumer = consumer_factory({**config, "on_commit": self.on_commit})
+        self._consumer = consumer_factory({**config, "on_commit": self._on_commit})
         self._subscription: list[str] = []
         self._post = post
-        self._limit = limit
         self._fetch_batch = fetch_batch
-        self._min_fetch = credit_chunk(limit, fetch_batch)
         self._user_on_assign: RebalanceCallback | None = None
         self._user_on_revoke: RebalanceCallback | None = None
         self._commands: queue.SimpleQueue[PollerCommand] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"{name}-poller", daemon=True)
         # Owned by the poller thread:
+        self._credit = Credit(limit, fetch_batch)
         self._epochs: dict[TopicPartition, int] = {}
         self._next_epoch = 0
-        self._held = 0
         self._wanted_paused: frozenset[TopicPartition] = frozenset()
         self._paused: set[TopicPartition] = set()
         #: Per partition: the client position last reported, and one past the last delivered offset.
         self._positions: dict[TopicPartition, int] = {}
         self._delivered_to: dict[TopicPartition, int] = {}
-        #: Since when the engine has held ``limit`` records (None while there is credit).
+        #: Since when the poller has been waiting for credit (None while it has enough).
         self._stalled_since: float | None = None
-        self._async_commits = 0
+        #: Asynchronous commits sent and not yet answered by the client's callback, in order.
+        self._unanswered: deque[_Unanswered] = deque()
+        self._last_poll: float | None = None
         self._stopping = False
+        #: The latest snapshot for other threads: replaced whole, never changed in place.
+        self._published: tuple[int, int, int, float | None, float | None] = (0, 0, 0, None, None)
 
     # -- called from other threads ------------------------------------------------------------
 
@@ -128,18 +157,49 @@ class Poller:
         self._commands.put(command)
 
     def join(self, timeout: float) -> bool:
+        if self._thread.ident is None:
+            return True
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
+    def statistics(self) -> PollerStatistics:
+        """A snapshot of the poller's side (any thread): what it published last."""
+        held, assigned, paused, last_poll, stalled_since = self._published
+        now = time.monotonic()
+        limit = self._credit.limit
+        return PollerStatistics(
+            held=held,
+            limit=limit,
+            credit=limit - held,
+            assigned_partitions=assigned,
+            paused_partitions=paused,
+            since_last_poll=None if last_poll is None else now - last_poll,
+            waiting_for_credit=None if stalled_since is None else now - stalled_since,
+        )
 
     # -- the poller thread --------------------------------------------------------------------
 
+    def _assert_owner(self) -> None:
+        if threading.get_ident() != self._thread.ident:
+            raise RuntimeError(
+                f"the Kafka consumer belongs to {self._thread.name}; "
+                f"{threading.current_thread().name} must send it commands instead"
+            )
+
+    def _publish(self) -> None:
+        self._published = (
+            self._credit.held,
+            len(self._epochs),
+            len(self._paused),
+            self._last_poll,
+            self._stalled_since,
+        )
+
     def _run(self) -> None:
         consumer = self._consumer
+        credit = self._credit
         try:
+            self._assert_owner()
             consumer.subscribe(
                 self._subscription,
                 on_assign=self._on_assign,
@@ -148,14 +208,16 @@ class Poller:
             )
             while not self._stopping:
                 self._run_commands()
+                self._publish()
                 if self._stopping:
                     break
-                credit = self._limit - self._held
-                if credit < self._min_fetch and self._wait_for_credit():
+                if not credit.can_fetch() and self._wait_for_credit():
                     continue
                 self._apply_pauses()
+                self._last_poll = time.monotonic()
                 messages = consumer.consume(
-                    num_messages=max(1, min(self._fetch_batch, credit)), timeout=POLL_TIMEOUT
+                    num_messages=max(1, min(self._fetch_batch, credit.available)),
+                    timeout=POLL_TIMEOUT,
                 )
                 if messages:
                     self._hand_over(messages)
@@ -165,6 +227,8 @@ class Poller:
             self._post(PollerFailed(exc))
         finally:
             self._stopping = True
+            self._answer_unanswered("the consumer closed before the broker answered")
+            self._publish()
             try:
                 consumer.close()
             except Exception:
@@ -173,7 +237,7 @@ class Poller:
     def _wait_for_credit(self) -> bool:
         """Too little credit: wait for the controller to return some, without touching the client,
         so that it keeps what it prefetched (a pause would drop it). True if the caller should
-        loop again; False once the stall has lasted STALL_PAUSE_AFTER, from when on every
+        loop again; False once the wait has lasted STALL_PAUSE_AFTER, from when on every
         partition is paused and ``consume()`` serves the group protocol and callbacks."""
         now = time.monotonic()
         if self._stalled_since is None:
@@ -198,12 +262,12 @@ class Poller:
 
     def _run_command(self, command: PollerCommand) -> None:
         if isinstance(command, Release):
-            self._held -= command.count
-            if self._limit - self._held >= self._min_fetch:
+            credit = self._credit
+            credit.give_back(command.count)
+            if credit.can_fetch():
                 self._stalled_since = None
-                self._held -= command.count
         elif isinstance(command, Commit):
-            self._commit(command.offsets, sync=command.sync)
+            self._commit(command)
         elif isinstance(command, SetPaused):
             self._wanted_paused = command.tps
         elif isinstance(command, StopPoller):
@@ -216,7 +280,7 @@ class Poller:
         for message in messages:
             error = message.error()
             if error is not None:
-                self._client_error(error)
+                self._client_error(error, message)
                 continue
             tp = (message.topic(), message.partition())
             batch = batches.get(tp)
@@ -230,8 +294,8 @@ class Poller:
         for tp, (_, batch_messages) in batches.items():
             self._delivered_to[tp] = batch_messages[-1].offset() + 1
         if count:
-            self._held += count
-            self._post(RecordsPolled(batches, count))
+            self._credit.take(count)
+            self._post(RecordsPolled(batches))
 
     def _report_positions(self) -> None:
         """Tell the controller when the client has read past the last delivered record.
@@ -259,11 +323,19 @@ class Poller:
         if changed:
             self._post(PositionsReached(tuple(changed)))
 
-    def _client_error(self, error: Any) -> None:
+    def _client_error(self, error: Any, message: Any) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
             return
         if error.fatal():
             raise KafkaException(error)
+        tp = (message.topic(), message.partition())
+        offset = message.offset()
+        if tp in self._epochs and offset is not None and offset >= 0:
+            # A record the client cannot deliver (corrupt, too large, ...). Skipping it would
+            # let a later commit pass it unprocessed: stop instead, and say where.
+            self._post(RecordUnreadable(tp, offset, str(error)))
+            self._stopping = True
+            return
         log.warning("Kafka client reported: %s", error)
 
     def _apply_pauses(self) -> None:
@@ -284,51 +356,59 @@ class Poller:
 
     # -- commits ------------------------------------------------------------------------------
 
-    def _commit(self, offsets: Sequence[tuple[TopicPartition, int, str]], *, sync: bool) -> None:
-        request = [KafkaTopicPartition(t, p, o, metadata) for (t, p), o, metadata in offsets]
-        if sync:
-            self._post(CommitResult(tuple(self._commit_sync(request))))
+    def _commit(self, command: Commit) -> None:
+        live: list[OffsetCommit] = []
+        dropped: list[CommitAnswer] = []
+        for commit in command.offsets:
+            if self._epochs.get(commit.tp) == commit.epoch:
+                live.append(commit)
+            else:
+                dropped.append(CommitAnswer(commit, "the partition is no longer assigned"))
+        if not live:
+            command.reply.set_result(tuple(dropped))
             return
-        self._async_commits += 1
+        request = [_request(c) for c in live]
+        if command.sync:
+            command.reply.set_result((*dropped, *self._commit_sync(live, request)))
+            return
         try:
             self._consumer.commit(offsets=request, asynchronous=True)
         except KafkaException as exc:
-            self._async_commits -= 1
-            self._post(CommitResult(_failed(request, exc)))
+            command.reply.set_result((*dropped, *_failed(live, exc)))
+            return
+        self._unanswered.append(_Unanswered(tuple(live), tuple(dropped), command.reply))
+        if len(self._unanswered) > MAX_UNANSWERED_COMMITS:
+            self._unanswered.popleft().resolve({}, "no answer from the client")
 
     def _commit_sync(
-        self, request: list[Any]
-    ) -> list[tuple[TopicPartition, int, str | None, str | None]]:
+        self, commits: list[OffsetCommit], request: list[Any]
+    ) -> tuple[CommitAnswer, ...]:
         try:
             answer = self._consumer.commit(offsets=request, asynchronous=False)
         except KafkaException as exc:
             log.warning("commit failed: %s", exc)
-            return list(_failed(request, exc))
-        return [
-            (
-                (r.topic, r.partition),
-                r.offset,
-                r.metadata,
-                None if r.error is None else str(r.error),
-            )
-            for r in answer or request
-        ]
+            return _failed(commits, exc)
+        errors = {(r.topic, r.partition): r.error for r in answer or ()}
+        return tuple(_answer(c, errors.get(c.tp)) for c in commits)
 
-    def on_commit(self, error: Any, partitions: list[Any]) -> None:
-        """The client's ``on_commit`` callback (served inside ``consume()`` on this thread)."""
-        if self._async_commits == 0:
-            return  # the echo of a synchronous commit, already reported
-        self._async_commits -= 1
-        results = tuple(
-            (
-                (p.topic, p.partition),
-                p.offset,
-                p.metadata,
-                None if (p.error or error) is None else str(p.error or error),
-            )
-            for p in partitions
-        )
-        self._post(CommitResult(results))
+    def _on_commit(self, error: Any, partitions: list[Any]) -> None:
+        """The client's ``on_commit`` callback (served inside ``consume()`` on this thread).
+
+        It does not say which request it answers: take the oldest unanswered one with the same
+        partitions and offsets (the client answers in order; a lost answer is skipped over).
+        """
+        answered = {(p.topic, p.partition): p.offset for p in partitions}
+        for index, pending in enumerate(self._unanswered):
+            if {c.tp: c.offset for c in pending.commits} == answered:
+                del self._unanswered[index]
+                break
+        else:
+            return  # the echo of a synchronous commit, already answered
+        pending.resolve({(p.topic, p.partition): p.error or error for p in partitions})
+
+    def _answer_unanswered(self, reason: str) -> None:
+        while self._unanswered:
+            self._unanswered.popleft().resolve({}, reason)
 
     # -- rebalance callbacks (inside consume(), on this thread) --------------------------------
 
@@ -380,24 +460,30 @@ class Poller:
         return tps
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
-        tps = self._forget(partitions)
         log.info("revoked %s", _names(partitions))
         if not self._stopping:
-            reply: Future[list[tuple[TopicPartition, int, str]]] = Future()
+            tps = tuple((p.topic, p.partition) for p in partitions)
+            reply: Future[None] = Future()
             self._post(PartitionsRevoked(tps, reply))
-            try:
-                offsets = reply.result(timeout=REVOKE_TIMEOUT)
-            except FutureTimeout:
+            # Run what the controller sends meanwhile (commits queued earlier, then the final
+            # commit of these partitions, sent before it answers), while they are still ours.
+            deadline = time.monotonic() + REVOKE_TIMEOUT
+            while not reply.done() and time.monotonic() < deadline:
+                try:
+                    command = self._commands.get(timeout=POLL_TIMEOUT)
+                except queue.Empty:
+                    continue
+                self._run_command(command)
+            if reply.done():
+                self._run_commands()
+            else:
                 log.warning(
-                    "no final offsets for revoked %s within %.0fs; records finished since the "
+                    "no final commit for revoked %s within %.0fs; records finished since the "
                     "last commit will be processed again by the next owner",
                     _names(partitions),
                     REVOKE_TIMEOUT,
                 )
-                offsets = []
-            if offsets:
-                request = [KafkaTopicPartition(t, p, o, md) for (t, p), o, md in offsets]
-                self._post(CommitResult(tuple(self._commit_sync(request))))
+        self._forget(partitions)
         self._call_user(self._user_on_revoke, consumer, partitions)
 
     def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
@@ -419,14 +505,52 @@ class Poller:
     def __repr__(self) -> str:
         return (
             f"<Poller assigned={len(self._epochs)} paused={len(self._paused)} "
-            f"held={self._held}/{self._limit}{' stopping' if self._stopping else ''}>"
+            f"{self._credit!r}{' stopping' if self._stopping else ''}>"
         )
 
 
-def _failed(
-    request: list[Any], exc: BaseException
-) -> tuple[tuple[TopicPartition, int, str | None, str | None], ...]:
-    return tuple(((r.topic, r.partition), r.offset, r.metadata, str(exc)) for r in request)
+@dataclass(frozen=True, slots=True)
+class _Unanswered:
+    """An asynchronous commit waiting for the client's callback."""
+
+    commits: tuple[OffsetCommit, ...]
+    #: Answers already known: offsets of partitions no longer held, never sent.
+    dropped: tuple[CommitAnswer, ...]
+    reply: Future[tuple[CommitAnswer, ...]]
+
+    def resolve(self, errors: dict[TopicPartition, Any], missing: str | None = None) -> None:
+        """Answer with ``errors`` per partition; partitions absent from it failed with
+        ``missing`` if given, else succeeded."""
+        answers = []
+        for commit in self.commits:
+            if commit.tp in errors:
+                answers.append(_answer(commit, errors[commit.tp]))
+            else:
+                answers.append(CommitAnswer(commit, missing))
+        self.reply.set_result((*self.dropped, *answers))
+
+
+def _request(commit: OffsetCommit) -> Any:
+    tp = commit.tp
+    if commit.metadata:
+        return KafkaTopicPartition(tp[0], tp[1], commit.offset, commit.metadata)
+    # No map: send no metadata at all (an empty string would be stored as a lone NUL byte).
+    return KafkaTopicPartition(tp[0], tp[1], commit.offset)
+
+
+def _answer(commit: OffsetCommit, error: Any) -> CommitAnswer:
+    if error is None:
+        return CommitAnswer(commit)
+    code = error.code() if isinstance(error, KafkaError) else None
+    hint = _PERMANENT_COMMIT_ERRORS.get(code) if code is not None else None
+    if hint is not None:
+        return CommitAnswer(commit, f"{error} ({hint})", permanent=True)
+    return CommitAnswer(commit, str(error))
+
+
+def _failed(commits: Sequence[OffsetCommit], exc: KafkaException) -> tuple[CommitAnswer, ...]:
+    error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else exc
+    return tuple(_answer(c, error) for c in commits)
 
 
 def _names(partitions: list[Any]) -> str:

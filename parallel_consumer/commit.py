@@ -1,24 +1,24 @@
 """Committers: how planned offsets reach the broker.
 
-The controller decides *what* to commit (``offsets.plan_commit`` per dirty partition); a
-committer decides *how*. Answers always come back to the controller as
-:class:`~parallel_consumer._events.CommitResult` events, and a partition counts as committed only
-then. The consumer committers hand the offsets to the poller, the only owner of the Kafka
-consumer; a transactional committer (exactly-once) will plug in here with the same interface.
+The controller decides *what* to commit (the commit tracker plans per partition); a committer
+decides *how*. Every commit goes through one: periodic ones, the final one on close and the
+one on revoke. ``commit`` returns a future of the broker's answers, and a partition counts as
+committed only once its answer arrived. The consumer committers hand the offsets to the poller,
+the only owner of the Kafka consumer; a transactional committer (exactly-once) replaces them
+behind the same interface.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Protocol
 
 from parallel_consumer._events import Commit, PollerCommand
 from parallel_consumer.options import CommitMode
-from parallel_consumer.work.item import TopicPartition
+from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
 
 __all__ = ["Committer", "ConsumerCommitter"]
-
-Offsets = Sequence[tuple[TopicPartition, int, str]]
 
 
 class _CommandSink(Protocol):
@@ -26,8 +26,11 @@ class _CommandSink(Protocol):
 
 
 class Committer(Protocol):
-    def commit(self, offsets: Offsets, *, final: bool = False) -> None:
-        """Send ``offsets`` (tp, offset, metadata); the answer arrives as a CommitResult event."""
+    def commit(
+        self, offsets: Sequence[OffsetCommit], *, final: bool = False
+    ) -> Future[tuple[CommitAnswer, ...]]:
+        """Send ``offsets``; the future resolves with one answer per offset. ``final`` commits
+        (close, revoke) must be acknowledged before the partition is let go."""
         ...
 
 
@@ -36,15 +39,19 @@ class ConsumerCommitter:
 
     ``PERIODIC_CONSUMER_ASYNC`` does not block the poller: the answer comes from the client's
     commit callback. ``PERIODIC_CONSUMER_SYNC`` blocks the poller (never the controller) until the
-    broker answered. The final commit on close is always synchronous.
+    broker answered. Final commits are always synchronous.
     """
 
     def __init__(self, poller: _CommandSink, mode: CommitMode) -> None:
         self._poller = poller
         self._sync = mode is CommitMode.PERIODIC_CONSUMER_SYNC
 
-    def commit(self, offsets: Offsets, *, final: bool = False) -> None:
-        self._poller.send(Commit(tuple(offsets), sync=self._sync or final))
+    def commit(
+        self, offsets: Sequence[OffsetCommit], *, final: bool = False
+    ) -> Future[tuple[CommitAnswer, ...]]:
+        reply: Future[tuple[CommitAnswer, ...]] = Future()
+        self._poller.send(Commit(tuple(offsets), sync=self._sync or final, reply=reply))
+        return reply
 
     def __repr__(self) -> str:
         return f"<ConsumerCommitter {'sync' if self._sync else 'async'}>"

@@ -23,7 +23,9 @@ from parallel_consumer._poller import Poller, RebalanceCallback
 from parallel_consumer.commit import ConsumerCommitter
 from parallel_consumer.context import PollContext
 from parallel_consumer.errors import ConfigurationError
-from parallel_consumer.options import Options
+from parallel_consumer.hooks import Hooks, guarded
+from parallel_consumer.options import Options, RunnerKind
+from parallel_consumer.runners.base import Runner
 from parallel_consumer.runners.threads import ThreadRunner
 from parallel_consumer.status import Lifecycle, Statistics
 
@@ -71,8 +73,9 @@ class ParallelConsumer:
 
     ``consumer_config`` is a confluent-kafka (librdkafka) consumer configuration; ``group.id``
     and ``bootstrap.servers`` are required and auto-commit must stay off. ``producer_config`` is
-    reserved for producing results (not available yet). ``clock`` and ``consumer_factory`` are
-    for tests (see :mod:`parallel_consumer.testing`).
+    reserved for producing results (not available yet). ``hooks`` receives engine events for
+    metrics and tracing (see :class:`~parallel_consumer.hooks.Hooks`). ``clock`` and
+    ``consumer_factory`` are for tests (see :mod:`parallel_consumer.testing`).
     """
 
     def __init__(
@@ -81,6 +84,7 @@ class ParallelConsumer:
         options: Options | None = None,
         *,
         producer_config: Mapping[str, Any] | None = None,
+        hooks: Hooks | None = None,
         clock: Clock | None = None,
         consumer_factory: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
@@ -91,6 +95,7 @@ class ParallelConsumer:
         if producer_config is not None and not isinstance(producer_config, Mapping):
             raise ConfigurationError("producer_config must be a dict of librdkafka settings")
         config = _checked_config(consumer_config)
+        safe_hooks = guarded(hooks)
         self._options = options
         self._producer_config = None if producer_config is None else dict(producer_config)
         self._name = f"{options.name}-{next(_instances)}"
@@ -111,11 +116,20 @@ class ParallelConsumer:
         self._controller = Controller(
             options,
             name=self._name,
-            runner=ThreadRunner(options.max_concurrency, self._clock, name=self._name),
+            runner=self._make_runner(safe_hooks),
             poller=self._poller,
             committer=ConsumerCommitter(self._poller, options.commit_mode),
             clock=self._clock,
+            hooks=safe_hooks,
         )
+
+    def _make_runner(self, hooks: Hooks) -> Runner:
+        kind = self._options.runner
+        if kind is RunnerKind.THREADS:
+            return ThreadRunner(
+                self._options.max_concurrency, self._clock, name=self._name, hooks=hooks
+            )
+        raise ConfigurationError(f"Options.runner={kind} is not available")  # pragma: no cover
 
     def _post(self, event: Any) -> None:
         self._controller.post(event)

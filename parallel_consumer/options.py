@@ -22,6 +22,7 @@ __all__ = [
     "InvalidMetadataPolicy",
     "Options",
     "ProcessingOrder",
+    "RunnerKind",
 ]
 
 Duration = float | int | timedelta
@@ -48,6 +49,13 @@ class CommitMode(enum.Enum):
     PERIODIC_CONSUMER_ASYNC = "periodic_consumer_async"
     #: The poller blocks on ``commit(asynchronous=False)``; the result is known at once.
     PERIODIC_CONSUMER_SYNC = "periodic_consumer_sync"
+
+
+class RunnerKind(enum.Enum):
+    """Where handler calls run."""
+
+    #: A pool of ``max_concurrency`` worker threads calling a plain function (the default).
+    THREADS = "threads"
 
 
 class InvalidMetadataPolicy(enum.Enum):
@@ -108,6 +116,8 @@ class Options:
     ordering: ProcessingOrder = ProcessingOrder.KEY
     #: How many handler calls may run at once (worker threads of the thread runner).
     max_concurrency: int = 16
+    #: Where handler calls run (see :class:`RunnerKind`).
+    runner: RunnerKind = RunnerKind.THREADS
     #: Records per handler call; the handler receives a PollContext of up to this many records.
     batch_size: int = 1
     commit_mode: CommitMode = CommitMode.PERIODIC_CONSUMER_ASYNC
@@ -139,6 +149,7 @@ class Options:
         setattr_ = object.__setattr__
         setattr_(self, "ordering", _member("ordering", ProcessingOrder, self.ordering))
         setattr_(self, "commit_mode", _member("commit_mode", CommitMode, self.commit_mode))
+        setattr_(self, "runner", _member("runner", RunnerKind, self.runner))
         setattr_(
             self,
             "invalid_metadata_policy",
@@ -177,11 +188,6 @@ class Options:
             )
         if not isinstance(self.name, str) or not self.name:
             raise ConfigurationError(f"Options.name must be a non-empty string, got {self.name!r}")
-
-    @property
-    def max_in_flight(self) -> int:
-        """Records that may be inside handler calls at once."""
-        return self.max_concurrency * self.batch_size
 
     @property
     def buffer_limit(self) -> int:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from parallel_consumer.work.partitions import PartitionSnapshot
 
-__all__ = ["Lifecycle", "PartitionSnapshot", "Statistics"]
+__all__ = ["Lifecycle", "PartitionSnapshot", "PollerStatistics", "Statistics"]
 
 
 class Lifecycle(enum.Enum):
@@ -19,6 +19,27 @@ class Lifecycle(enum.Enum):
     DRAINING = "draining"  #: close(drain=True): no new fetches; buffered records still run
     CLOSING = "closing"  #: waiting for in-flight calls, final commit, client close
     CLOSED = "closed"  #: every thread has ended
+
+
+@dataclass(frozen=True, slots=True)
+class PollerStatistics:
+    """The poller's side: the Kafka client and the bound on buffered records."""
+
+    #: Records handed to the engine and not yet returned (never above ``limit``).
+    held: int
+    #: ``Options.max_buffered_records``.
+    limit: int
+    #: ``limit - held``: how many more records the poller may fetch.
+    credit: int
+    assigned_partitions: int
+    #: Partitions paused in the client right now (by the controller or, while no credit is
+    #: left for long, all of them).
+    paused_partitions: int
+    #: Seconds since the poller last called ``consume()`` (None before the first call). A
+    #: value that keeps growing while ``credit`` is high means the poller is stuck.
+    since_last_poll: float | None
+    #: Seconds the poller has been waiting for credit (None while it has enough).
+    waiting_for_credit: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,4 +78,9 @@ class Statistics:
     partition_pauses: int
     #: Partitions whose offset map is near or over the metadata limit (only holes run there).
     blocked_partitions: int
+    #: Times the engine found records waiting with nothing running and nothing due (a bug:
+    #: it logs a warning with details each time).
+    stalls: int
     partitions: tuple[PartitionSnapshot, ...]
+    #: The poller's side (None before processing starts).
+    poller: PollerStatistics | None = None

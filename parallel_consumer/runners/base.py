@@ -1,19 +1,19 @@
 """The one interface between the controller and whatever runs user code.
 
-A runner receives batches (work items plus the PollContext built for them) and reports each
-finished call as a :class:`~parallel_consumer._events.WorkDone` through the ``done`` callback
-it was started with. It owns nothing but the user call: no work state, no Kafka client.
-Thread, asyncio and process runners plug in here without the controller knowing which it drives.
+A runner receives batches (a batch id plus the PollContext built for its records) and reports
+each finished call as a :class:`~parallel_consumer._events.WorkDone` through the ``done``
+callback it was started with: one outcome per record, and the handler's return value. It owns
+nothing but the user call: no work state, no Kafka client, no WorkItem. Thread, asyncio,
+process and Spark runners plug in here without the controller knowing which it drives.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Protocol
 
 from parallel_consumer._events import WorkDone
 from parallel_consumer.context import PollContext
-from parallel_consumer.work.item import WorkItem
 
 __all__ = ["Handler", "Runner"]
 
@@ -32,10 +32,16 @@ class Runner(Protocol):
         """Start workers that call ``handler`` and report through ``done``."""
         ...
 
-    def submit(self, items: Sequence[WorkItem], context: PollContext) -> None:
-        """Run one handler call. Never blocks; the controller respects ``capacity``."""
+    def submit(self, batch: int, context: PollContext) -> None:
+        """Run one handler call. Never blocks; the controller respects ``capacity + backlog``."""
+        ...
+
+    def cancel_queued(self) -> list[int]:
+        """Take back every submitted call that has not started; returns their batch ids.
+        They are never started and never reported."""
         ...
 
     def stop(self, timeout: float) -> bool:
-        """Let submitted calls finish, then stop the workers; False if some did not end in time."""
+        """From now on no call starts (queued ones never will and are not reported); wait up to
+        ``timeout`` for running calls, then stop. False if some did not end in time."""
         ...

@@ -6,35 +6,41 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from parallel_consumer._clock import Clock
 from parallel_consumer._events import WorkDone
 from parallel_consumer.context import PollContext
+from parallel_consumer.hooks import Hooks, NoHooks
 from parallel_consumer.runners.base import Handler
-from parallel_consumer.work.item import WorkItem
 
 __all__ = ["ThreadRunner"]
 
 log = logging.getLogger("parallel_consumer")
 
-_Task = tuple[Sequence[WorkItem], PollContext] | None
+_Task = tuple[int, PollContext] | None
 
 
 class ThreadRunner:
     """``capacity`` worker threads named ``<name>-worker-<i>``, each owning only its current call.
 
     Worker threads are daemons: a handler that never returns cannot keep the interpreter alive
-    after ``close()`` gave up waiting for it.
+    after ``close()`` gave up waiting for it. A gate decides, under a lock, whether a dequeued
+    call may start: once :meth:`stop` closed it, no handler call starts any more.
     """
 
-    def __init__(self, capacity: int, clock: Clock, *, name: str = "pc") -> None:
+    def __init__(
+        self, capacity: int, clock: Clock, *, name: str = "pc", hooks: Hooks | None = None
+    ) -> None:
         self.capacity = capacity
         self.backlog = max(1, capacity // 4)
         self._clock = clock
         self._name = name
+        self._hooks = hooks or NoHooks()
         self._tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._gate = threading.Lock()
+        self._open = True  # guarded by _gate
 
     def start(self, handler: Handler, done: Callable[[WorkDone], None]) -> None:
         for index in range(self.capacity):
@@ -47,10 +53,23 @@ class ThreadRunner:
             thread.start()
             self._threads.append(thread)
 
-    def submit(self, items: Sequence[WorkItem], context: PollContext) -> None:
-        self._tasks.put((items, context))
+    def submit(self, batch: int, context: PollContext) -> None:
+        self._tasks.put((batch, context))
+
+    def cancel_queued(self) -> list[int]:
+        cancelled: list[int] = []
+        while True:
+            try:
+                task = self._tasks.get_nowait()
+            except queue.Empty:
+                return cancelled
+            if task is not None:
+                cancelled.append(task[0])
 
     def stop(self, timeout: float) -> bool:
+        with self._gate:
+            self._open = False
+        self.cancel_queued()
         for _ in self._threads:
             self._tasks.put(None)
         deadline = time.monotonic() + timeout
@@ -63,24 +82,35 @@ class ThreadRunner:
 
     def _work(self, handler: Handler, done: Callable[[WorkDone], None]) -> None:
         tasks = self._tasks
+        gate = self._gate
+        hooks = self._hooks
         monotonic = self._clock.monotonic
         while True:
             task = tasks.get()
             if task is None:
                 return
-            items, context = task
+            with gate:
+                if not self._open:
+                    return
+            batch, context = task
+            hooks.on_call_start(batch, context)
+            error: BaseException | None = None
+            value: object = None
             try:
-                handler(context)
+                value = handler(context)
             except Exception as exc:
-                done(WorkDone(items, exc, monotonic()))
+                error = exc
             except BaseException as exc:
                 # SystemExit / KeyboardInterrupt raised by a handler would silently end this
                 # worker and strand its records in flight: count it as a failure instead.
                 log.error("handler raised %r; treating it as a failure of the call", exc)
-                done(WorkDone(items, exc, monotonic()))
-            else:
-                done(WorkDone(items, None, monotonic()))
+                error = exc
+            hooks.on_call_end(batch, context, error)
+            done(WorkDone(batch, (error,) * len(context), value, monotonic()))
 
     def __repr__(self) -> str:
         alive = sum(t.is_alive() for t in self._threads)
-        return f"<ThreadRunner workers={alive}/{self.capacity} queued~{self._tasks.qsize()}>"
+        state = "open" if self._open else "stopped"
+        return (
+            f"<ThreadRunner {state} workers={alive}/{self.capacity} queued~{self._tasks.qsize()}>"
+        )

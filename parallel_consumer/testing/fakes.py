@@ -127,6 +127,7 @@ class FakeConsumer:
         self._pending_rebalances: list[tuple[list[TP], list[TP]]] = []
         self._pending_commit_callbacks: list[tuple[Any, list[TopicPartition]]] = []
         self._fail_commits = 0
+        self._fail_code = KafkaError.REQUEST_TIMED_OUT
         self._lose_answers = 0
         self._first_assignment_done = False
         self._closed = False
@@ -146,10 +147,12 @@ class FakeConsumer:
         with self._cond:
             self._lose_answers += count
 
-    def fail_next_commits(self, count: int) -> None:
-        """Make the next ``count`` commit requests fail (as a coordinator error would)."""
+    def fail_next_commits(self, count: int, code: int = KafkaError.REQUEST_TIMED_OUT) -> None:
+        """Make the next ``count`` commit requests fail with the broker error ``code`` (a
+        ``KafkaError`` code; by default a retriable time-out)."""
         with self._cond:
             self._fail_commits += count
+            self._fail_code = code
 
     def paused(self) -> set[TP]:
         with self._cond:
@@ -191,7 +194,7 @@ class FakeConsumer:
                 self.commit_log.append(((tp.topic, tp.partition), tp.offset, tp.metadata))
             if self._fail_commits:
                 self._fail_commits -= 1
-                error = KafkaError(KafkaError.REQUEST_TIMED_OUT, "injected commit failure")
+                error = KafkaError(self._fail_code, "injected commit failure")
                 if not asynchronous:
                     raise KafkaException(error)
                 self._pending_commit_callbacks.append((error, requested))

@@ -6,7 +6,7 @@ order always (one record per partition runs at a time, so a buffer full of one p
 records would leave the workers idle), in the other orders only while workers sit idle although
 records wait (every waiting record is behind a busy key). Then a partition with more than its
 fair share of the buffer pauses, and it resumes once its backlog has drained to half of that.
-The hard bound on records held by the engine is kept by the poller's credit (see ``_poller.py``),
+The hard bound on records held by the engine is kept by the poller's credit (see ``credit.py``),
 not here.
 """
 
@@ -16,14 +16,7 @@ from collections.abc import Mapping, Set
 
 from parallel_consumer.work.item import TopicPartition
 
-__all__ = ["credit_chunk", "partition_cap", "partitions_to_pause"]
-
-
-def credit_chunk(limit: int, fetch_batch: int) -> int:
-    """The smallest amount of credit worth moving between the threads: the poller fetches only
-    once it has this much, and the controller returns credit in chunks of it (or sooner when its
-    backlog runs low). Smaller amounts would cost an event and a thread wake-up per handful."""
-    return max(1, min(fetch_batch, limit // 4))
+__all__ = ["partition_cap", "partitions_to_pause"]
 
 
 def partition_cap(limit: int, assigned: int, fetch_batch: int) -> int:

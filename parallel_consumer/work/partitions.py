@@ -138,12 +138,6 @@ class PartitionState:
         #: Bumped on every change that alters what would be committed.
         self.version = 0
         self._clean_version = 0
-        #: Commits sent and not yet answered: (offset, metadata) -> (version captured, sent at).
-        self.pending_commits: dict[tuple[int, str], tuple[int, float]] = {}
-        #: Offset map too large: only records below ``highest_succeeded`` may run.
-        self.blocked = False
-        self.metadata_size = 0
-        self.metadata_status = "fits"
 
     # -- records ------------------------------------------------------------------------------
 
@@ -162,7 +156,7 @@ class PartitionState:
             self._bootstrap = False
             self._check_start(first)
         if self._unpolled:
-            self._forget_unpolled(first, last, messages)
+            self._forget_unpolled(last, messages)
         fresh: list[Any] = []
         incomplete = self.incomplete
         for message in messages:
@@ -215,30 +209,33 @@ class PartitionState:
             self.highest_succeeded = first - 1
             self._changed()
 
-    def _forget_unpolled(self, first: int, last: int, messages: Sequence[Any]) -> None:
-        """Restored offsets inside a polled batch are delivered now; those absent from it were
-        compacted away (or are transaction markers) and are no longer incomplete."""
+    def _forget_unpolled(self, last: int, messages: Sequence[Any]) -> None:
+        """Restored offsets up to the batch's last are delivered now, or never will be.
+
+        The client delivers a partition in offset order, so a restored offset below ``last``
+        that is not in this batch was skipped: compacted away, deleted by retention, a
+        transaction marker, or jumped over by an offset reset. That holds for offsets between
+        two batches as much as for those inside one; they are no longer incomplete.
+        """
         unpolled = self._unpolled
-        start = bisect.bisect_left(unpolled, first)
-        stop = bisect.bisect_right(unpolled, last, lo=start)
-        if start == stop:
+        stop = bisect.bisect_right(unpolled, last)
+        if not stop:
             return
         present = {m.offset() for m in messages}
-        for offset in unpolled[start:stop]:
+        for offset in unpolled[:stop]:
             if offset not in present:
                 self.incomplete.discard(offset)
                 self._changed()
-        del unpolled[start:stop]
+        del unpolled[:stop]
 
     def succeeded(self, offset: int) -> None:
         self.incomplete.discard(offset)
         if offset > self.highest_succeeded:
             self.highest_succeeded = offset
         self._changed()
-        if self.blocked and not self._has_holes():
-            self.blocked = False
 
-    def _has_holes(self) -> bool:
+    def has_holes(self) -> bool:
+        """An unfinished offset lies below the highest succeeded one (the map is not empty)."""
         lowest = self.incomplete.lowest()
         return lowest is not None and lowest < self.highest_succeeded
 
@@ -249,6 +246,9 @@ class PartitionState:
         delivered before this call: the offsets in between are transaction markers, aborted or
         compacted records, which count as finished."""
         if position > self._read_to:
+            if self._unpolled and self._unpolled[0] < position:
+                # Restored unfinished offsets the client read past without delivering them.
+                self._forget_unpolled(position - 1, ())
             before = self.offset_to_commit()
             self._read_to = position
             if self.offset_to_commit() != before:
@@ -269,31 +269,19 @@ class PartitionState:
     def _changed(self) -> None:
         self.version += 1
 
-    def commit_sent(self, offset: int, metadata: str, at: float = 0.0) -> None:
-        self.pending_commits[(offset, metadata)] = (self.version, at)
-
-    def commit_acknowledged(self, offset: int, metadata: str | None, ok: bool) -> bool:
-        """The broker answered a commit; returns False if no such commit was pending."""
-        pending = self.pending_commits.pop((offset, metadata or ""), None)
-        if pending is None:
-            # The callback may not echo metadata: match on the offset alone.
-            for pending_offset, pending_metadata in list(self.pending_commits):
-                if pending_offset == offset:
-                    pending = self.pending_commits.pop((pending_offset, pending_metadata))
-                    break
-        if pending is None:
-            return False
-        version = pending[0]
-        if ok:
-            if self.committed_offset is None or offset >= self.committed_offset:
-                self.committed_offset = offset
-            if version == self.version:
-                self._clean_version = version
-        return True
+    def acknowledged(self, offset: int, version: int) -> None:
+        """The broker stored a commit of ``offset`` planned at ``version``: if nothing changed
+        since, the partition is clean."""
+        if self.committed_offset is None or offset >= self.committed_offset:
+            self.committed_offset = offset
+        if version == self.version:
+            self._clean_version = version
 
     # -- views --------------------------------------------------------------------------------
 
-    def snapshot(self) -> PartitionSnapshot:
+    def snapshot(
+        self, *, blocked: bool = False, metadata_size: int = 0, metadata_status: str = "fits"
+    ) -> PartitionSnapshot:
         return PartitionSnapshot(
             topic=self.tp[0],
             partition=self.tp[1],
@@ -303,15 +291,14 @@ class PartitionState:
             highest_succeeded=self.highest_succeeded,
             committed_offset=self.committed_offset,
             dirty=self.dirty,
-            blocked=self.blocked,
-            metadata_size=self.metadata_size,
-            metadata_status=self.metadata_status,
+            blocked=blocked,
+            metadata_size=metadata_size,
+            metadata_status=metadata_status,
         )
 
     def __repr__(self) -> str:
         return (
             f"<PartitionState {self.tp[0]}[{self.tp[1]}] epoch={self.epoch} "
             f"incomplete={len(self.incomplete)} succeeded<={self.highest_succeeded} "
-            f"committed={self.committed_offset} {'dirty' if self.dirty else 'clean'}"
-            f"{' blocked' if self.blocked else ''}>"
+            f"committed={self.committed_offset} {'dirty' if self.dirty else 'clean'}>"
         )

@@ -11,6 +11,7 @@ scanning every shard after every completion.
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Mapping
 
@@ -161,12 +162,21 @@ class ShardMap:
         item.in_flight = False
 
     def retry_now(self, item: WorkItem) -> None:
-        """``item``'s retry delay has passed: it goes back to the front of its shard."""
+        """``item``'s retry delay has passed: it goes back to its shard, in offset order (for
+        KEY and PARTITION that is the front)."""
         shard = self._shards.get(item.shard_key)
         if shard is None:
             return
         shard.busy -= 1
-        shard.queue.appendleft(item)
+        queue = shard.queue
+        if self._ordered or not queue or item.offset < queue[0].offset:
+            queue.appendleft(item)
+        else:
+            # UNORDERED: records after it may have run meanwhile and other retries gone to the
+            # front; keeping the queue in offset order keeps its head the lowest offset, which
+            # is what take() judges a blocked partition's shard by.
+            index = bisect.bisect_left(queue, item.offset, key=_offset)
+            queue.insert(index, item)
         self._count_waiting(item.tp, 1)
         if shard.parked:
             # Its new head may be a hole below the limit: let take() judge it again.
@@ -201,3 +211,7 @@ class ShardMap:
     def _count_waiting(self, tp: TopicPartition, delta: int) -> None:
         self.waiting += delta
         self.waiting_by_tp[tp] = self.waiting_by_tp.get(tp, 0) + delta
+
+
+def _offset(item: WorkItem) -> int:
+    return item.offset

@@ -1,14 +1,18 @@
 """A hypothesis state machine over the real controller, stepped by hand (no threads).
 
-Rules: poll, complete ok, fail, revoke, assign, commit, advance the clock. The model keeps the
-log, what succeeded (non-stale results only) and what the group committed; the invariants are
+Rules: poll, complete ok, fail, revoke, assign, let the poller run its commands, advance the
+clock. The model keeps the log, what succeeded (non-stale results only) and what the group
+committed; it plays the poller's part as the real one does: it takes credit for every record it
+hands over and gives it back on ``Release``, runs commands (commits) only when the poller would,
+in order, and drops commits of partitions it no longer holds in that epoch. The invariants are
 ARCHITECTURE.md's: never commit above an incomplete record, never lose one, at most one record
-in flight per key (KEY), and stale results never change state.
+in flight per key (KEY), stale results never change state, and the credit bound: the poller
+never holds more than the limit, never a negative count, and exactly what the engine holds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -21,43 +25,56 @@ from parallel_consumer._controller import Controller
 from parallel_consumer._events import (
     Assignment,
     Commit,
-    CommitResult,
     PartitionsAssigned,
     PartitionsRevoked,
     PollerCommand,
     RecordsPolled,
+    Release,
     WorkDone,
 )
 from parallel_consumer.commit import ConsumerCommitter
 from parallel_consumer.context import PollContext
 from parallel_consumer.offsets import decode_offset_map
 from parallel_consumer.options import Options, ProcessingOrder
+from parallel_consumer.status import PollerStatistics
 from parallel_consumer.testing.clock import FakeClock
-from parallel_consumer.work.item import WorkItem
+from parallel_consumer.work.commits import CommitAnswer
+from parallel_consumer.work.credit import Credit
 
 TPS = [("t", 0), ("t", 1)]
 KEYS = [b"a", b"b", b"c", None]
 
 
 class FakeRunner:
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, epoch_of: Callable[[tuple[str, int]], int | None]) -> None:
         self.capacity = capacity
         self.backlog = 1
-        self.calls: list[Sequence[WorkItem]] = []
+        self._epoch_of = epoch_of
+        #: Calls not yet completed: (batch id, [(tp, offset, key, epoch at dispatch)]).
+        self.calls: list[tuple[int, list[tuple[tuple[str, int], int, object, int | None]]]] = []
 
     def start(self, handler: Callable[[PollContext], object], done: Callable[..., None]) -> None:
         pass
 
-    def submit(self, items: Sequence[WorkItem], context: PollContext) -> None:
-        self.calls.append(items)
+    def submit(self, batch: int, context: PollContext) -> None:
+        records = []
+        for r in context:
+            tp = (r.topic, r.partition)
+            lane = (*tp, r.key) if ControllerMachine.current_ordering is ProcessingOrder.KEY else tp
+            records.append((tp, r.offset, lane, self._epoch_of(tp)))
+        self.calls.append((batch, records))
+
+    def cancel_queued(self) -> list[int]:
+        return []
 
     def stop(self, timeout: float) -> bool:
         return True
 
 
 class FakePoller:
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
         self.commands: list[PollerCommand] = []
+        self.credit = Credit(limit, fetch_batch=4)
 
     def send(self, command: PollerCommand) -> None:
         self.commands.append(command)
@@ -65,9 +82,15 @@ class FakePoller:
     def join(self, timeout: float) -> bool:
         return True
 
+    def statistics(self) -> PollerStatistics:
+        held = self.credit.held
+        limit = self.credit.limit
+        return PollerStatistics(held, limit, limit - held, 0, 0, None, None)
+
 
 class ControllerMachine(RuleBasedStateMachine):
     ordering = ProcessingOrder.KEY
+    current_ordering = ProcessingOrder.KEY
 
     def __init__(self) -> None:
         super().__init__()
@@ -79,9 +102,11 @@ class ControllerMachine(RuleBasedStateMachine):
             commit_interval=1.0,
             retry_delay=0.5,
             max_metadata_bytes=64,  # small, so the "blocked" path is exercised too
+            max_buffered_records=24,  # small, so the credit bound is reached often
         )
-        self.runner = FakeRunner(self.options.max_concurrency)
-        self.poller = FakePoller()
+        ControllerMachine.current_ordering = self.ordering
+        self.runner = FakeRunner(self.options.max_concurrency, lambda tp: self.epoch.get(tp))
+        self.poller = FakePoller(self.options.buffer_limit)
         self.controller = Controller(
             self.options,
             runner=self.runner,
@@ -101,27 +126,43 @@ class ControllerMachine(RuleBasedStateMachine):
 
     def step(self) -> None:
         self.controller.run_once(block=False)
-        self.apply_commands()
+        # Credit comes back at once: the poller would run a Release before its next fetch.
+        self.run_poller_commands(only_releases=True)
 
-    def apply_commands(self) -> None:
-        commands, self.poller.commands = self.poller.commands, []
-        for command in commands:
-            if isinstance(command, Commit):
-                results = []
-                for tp, offset, metadata in command.offsets:
-                    self.store(tp, offset, metadata)
-                    results.append((tp, offset, metadata, None))
-                self.controller.post(CommitResult(tuple(results)))
+    def run_poller_commands(self, *, only_releases: bool = False) -> None:
+        """What the poller does before each consume(): run the queued commands, in order."""
+        kept = []
+        for command in self.poller.commands:
+            if isinstance(command, Release):
+                self.poller.credit.give_back(command.count)
+            elif isinstance(command, Commit) and not only_releases:
+                answers = []
+                for commit in command.offsets:
+                    if self.epoch.get(commit.tp) == commit.epoch:
+                        self.store(commit.tp, commit.offset, commit.metadata)
+                        answers.append(CommitAnswer(commit))
+                    else:
+                        answers.append(CommitAnswer(commit, "no longer assigned"))
+                command.reply.set_result(tuple(answers))
+            elif only_releases:
+                kept.append(command)
+        self.poller.commands = kept
 
     def store(self, tp: tuple[str, int], offset: int, metadata: str) -> None:
+        previous = self.committed.get(tp)
+        assert previous is None or offset >= previous[0] or tp not in self.epoch, (
+            f"{tp}: the group's offset moved back from {previous[0]} to {offset}"
+        )
         self.committed[tp] = (offset, metadata)
 
     # -- rules --
 
     @rule(tp=st.sampled_from(TPS), keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=6))
     def poll(self, tp: tuple[str, int], keys: list[bytes | None]) -> None:
-        if tp not in self.epoch:
+        credit = self.poller.credit
+        if tp not in self.epoch or not credit.can_fetch():
             return
+        keys = keys[: credit.available]
         start = self.position[tp]
         log = self.log[tp]
         messages = []
@@ -131,19 +172,25 @@ class ControllerMachine(RuleBasedStateMachine):
                 log.append(key)
             messages.append(Message(topic=tp[0], partition=tp[1], offset=offset, key=log[offset]))
         self.position[tp] = start + len(keys)
-        self.controller.post(RecordsPolled({tp: (self.epoch[tp], messages)}, len(messages)))
+        credit.take(len(messages))
+        self.controller.post(RecordsPolled({tp: (self.epoch[tp], messages)}))
+        self.step()
+
+    @rule()
+    def poller_runs(self) -> None:
+        self.run_poller_commands()
         self.step()
 
     @precondition(lambda self: self.runner.calls)
     @rule(index=st.integers(min_value=0), ok=st.booleans())
     def complete(self, index: int, ok: bool) -> None:
-        items = self.runner.calls.pop(index % len(self.runner.calls))
+        batch, records = self.runner.calls.pop(index % len(self.runner.calls))
         if ok:
-            for item in items:
-                if self.epoch.get(item.tp) == item.epoch:
-                    self.done[item.tp].add(item.offset)
+            for tp, offset, _, epoch in records:
+                if self.epoch.get(tp) == epoch:
+                    self.done[tp].add(offset)
         error = None if ok else RuntimeError("handler failed")
-        self.controller.post(WorkDone(items, error, self.clock.monotonic()))
+        self.controller.post(WorkDone(batch, (error,) * len(records), None, self.clock.monotonic()))
         self.step()
 
     @rule(tp=st.sampled_from(TPS))
@@ -152,16 +199,20 @@ class ControllerMachine(RuleBasedStateMachine):
             return
         reply: Future[Any] = Future()
         self.controller.post(PartitionsRevoked((tp,), reply))
-        self.step()
-        for rtp, offset, metadata in reply.result(timeout=0):
-            self.store(rtp, offset, metadata)
+        self.controller.run_once(block=False)
+        assert reply.done()
+        # Inside the revoke callback the poller runs what was queued, the final commit last,
+        # while the partition is still its own; then it lets go.
+        self.run_poller_commands()
         del self.epoch[tp]
         del self.position[tp]
+        self.step()
 
     @rule(tp=st.sampled_from(TPS))
     def assign(self, tp: tuple[str, int]) -> None:
         if tp in self.epoch:
             return
+        self.run_poller_commands()  # commits queued before the assignment run first
         self.next_epoch += 1
         self.epoch[tp] = self.next_epoch
         offset, metadata = self.committed.get(tp, (None, None))
@@ -188,11 +239,15 @@ class ControllerMachine(RuleBasedStateMachine):
             else:
                 self.clock.advance(1.0)
                 self.step()
+                self.run_poller_commands()
             stats = self.controller.statistics()
             if not self.runner.calls and stats.waiting == 0 and stats.retry_waiting == 0:
                 break
         self.clock.advance(1.0)
         self.step()
+        self.run_poller_commands()
+        self.step()
+        self.run_poller_commands()
         for tp in self.epoch:
             if self.position[tp] == 0:
                 continue
@@ -218,17 +273,26 @@ class ControllerMachine(RuleBasedStateMachine):
     @invariant()
     def at_most_one_live_record_in_flight_per_lane(self) -> None:
         lanes: dict[object, int] = {}
-        for items in self.runner.calls:
-            for item in items:
-                if self.epoch.get(item.tp) != item.epoch:
+        for _, records in self.runner.calls:
+            for tp, _, lane, epoch in records:
+                if self.epoch.get(tp) != epoch:
                     continue  # stale: its partition was revoked; the result will be dropped
-                lanes[item.shard_key] = lanes.get(item.shard_key, 0) + 1
+                lanes[lane] = lanes.get(lane, 0) + 1
         if self.ordering is not ProcessingOrder.UNORDERED:
             assert all(count == 1 for count in lanes.values()), lanes
 
     @invariant()
     def in_flight_stays_within_capacity(self) -> None:
         assert len(self.runner.calls) <= self.runner.capacity + self.runner.backlog
+
+    @invariant()
+    def credit_matches_what_the_engine_holds(self) -> None:
+        credit = self.poller.credit
+        assert 0 <= credit.held <= credit.limit
+        unreturned = sum(c.count for c in self.poller.commands if isinstance(c, Release))
+        assert credit.held == self.controller.statistics().held + unreturned + (
+            self.controller._to_release
+        )
 
 
 class PartitionMachine(ControllerMachine):

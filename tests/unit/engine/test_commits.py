@@ -34,7 +34,7 @@ def test_commit_is_lowest_incomplete_with_offset_map(harness, cluster, clock, wa
     release.set()
     wait_until(lambda: pc.statistics().records_succeeded == 10)
     pc.close()
-    assert cluster.committed("g", "t", 0) == (10, "")
+    assert cluster.committed("g", "t", 0) == (10, None)
 
 
 def test_partition_is_clean_only_after_acknowledgement_and_failed_commits_retry(
@@ -60,7 +60,7 @@ def test_partition_is_clean_only_after_acknowledgement_and_failed_commits_retry(
     snapshot = pc.statistics().partitions[0]
     assert not snapshot.dirty
     assert snapshot.committed_offset == 5
-    assert cluster.committed("g", "t", 0) == (5, "")
+    assert cluster.committed("g", "t", 0) == (5, None)
 
 
 def test_sync_commit_mode_commits(harness, cluster, clock, wait_until):
@@ -73,7 +73,7 @@ def test_sync_commit_mode_commits(harness, cluster, clock, wait_until):
     pc.poll(lambda ctx: None)
     wait_until(lambda: pc.statistics().records_succeeded == 5)
     clock.advance(1.1)
-    wait_until(lambda: cluster.committed("g", "t", 0) == (5, ""))
+    wait_until(lambda: cluster.committed("g", "t", 0) == (5, None))
     wait_until(lambda: not pc.statistics().partitions[0].dirty)
 
 
@@ -100,7 +100,7 @@ def test_restart_skips_records_the_offset_map_marks_finished(harness, cluster, w
     pc.close()
     assert sorted(processed) == [3, 6, 8, 10, 11]
     assert pc.statistics().records_skipped == 4
-    assert cluster.committed("g", "t", 0) == (12, "")
+    assert cluster.committed("g", "t", 0) == (12, None)
 
 
 def test_malformed_metadata_replays_from_committed_offset(harness, cluster, wait_until, caplog):
@@ -151,7 +151,7 @@ def test_compaction_gaps_in_restored_map_are_forgotten(harness, cluster, wait_un
     wait_until(lambda: len(processed) == 3)
     pc.close()
     assert processed == [2, 6, 7]
-    assert cluster.committed("g", "t", 0) == (8, "")
+    assert cluster.committed("g", "t", 0) == (8, None)
 
 
 def test_a_commit_whose_answer_never_comes_is_sent_again(harness, cluster, clock, wait_until):
@@ -209,4 +209,4 @@ def test_a_partition_whose_offset_map_nears_the_limit_runs_only_its_holes(
     wait_until(lambda: pc.statistics().records_succeeded == 60, what="60 done")
     assert pc.statistics().blocked_partitions == 0
     pc.close()
-    assert cluster.committed("g", "t", 0) == (60, "")
+    assert cluster.committed("g", "t", 0) == (60, None)

@@ -42,7 +42,7 @@ def test_revoke_commits_finished_work_and_drops_stale_results(harness, cluster, 
     wait_until(lambda: pc.statistics().results_stale == 1)
     pc.close()
     assert sorted(ran) == [0, 0, 1, 2, 3, 4]
-    assert cluster.committed("g", "t", 0) == (5, "")
+    assert cluster.committed("g", "t", 0) == (5, None)
 
 
 def test_held_records_never_exceed_max_buffered_records(harness, cluster, wait_until):
@@ -103,7 +103,7 @@ def test_close_with_drain_runs_buffered_work(harness, cluster, wait_until):
     gate.set()
     pc.close(drain=True)
     assert len(ran) == 200
-    assert cluster.committed("g", "t", 0) == (200, "")
+    assert cluster.committed("g", "t", 0) == (200, None)
     assert pc.lifecycle is Lifecycle.CLOSED
 
 
@@ -128,7 +128,7 @@ def test_close_without_drain_finishes_in_flight_only(harness, cluster, wait_unti
     pc.close(drain=False)
     # Then only the in-flight record ran, and the commit does not pass it
     assert ran == [0]
-    assert cluster.committed("g", "t", 0) == (1, "")
+    assert cluster.committed("g", "t", 0) == (1, None)
 
 
 def test_close_waits_at_most_shutdown_timeout_by_default(harness, cluster, wait_until):

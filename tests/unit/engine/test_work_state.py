@@ -6,6 +6,7 @@ from confluent_kafka import Message
 
 from parallel_consumer.options import ProcessingOrder
 from parallel_consumer.work.backpressure import partition_cap, partitions_to_pause
+from parallel_consumer.work.commits import CommitAnswer, CommitTracker, OffsetCommit
 from parallel_consumer.work.item import WorkItem
 from parallel_consumer.work.partitions import PartitionState
 from parallel_consumer.work.shards import ShardMap, shard_key_for
@@ -70,8 +71,7 @@ class TestPartitionState:
         state.succeeded(1)
         state.succeeded(2)
         assert state.offset_to_commit() == 5
-        state.commit_sent(5, "")
-        state.commit_acknowledged(5, "", ok=True)
+        state.acknowledged(5, state.version)
         assert not state.dirty
         state.read_to(5)  # the same position again changes nothing
         assert not state.dirty
@@ -81,32 +81,110 @@ class TestPartitionState:
         assert len(state.accept(msgs(0, 1, 2))) == 3
         assert [m.offset() for m in state.accept(msgs(2, 3))] == [3]
 
+    def test_restored_offsets_compacted_away_between_two_batches_are_forgotten(self):
+        # Given a restored map {2, 5} and record 5 deleted by compaction
+        state = PartitionState(
+            TP, 1, committed_offset=2, restored_incomplete=[2, 5], restored_highest=6
+        )
+        # When the batches are [2, 3, 4] and [6, 7, 8] (5 falls between them)
+        state.accept(msgs(2, 3, 4))
+        state.succeeded(2)
+        state.accept(msgs(6, 7, 8))
+        for offset in (7, 8):
+            state.succeeded(offset)
+        # Then 5 is no longer unfinished: the commit moves past it
+        assert list(state.incomplete) == []
+        assert state.offset_to_commit() == 9
+
+    def test_restored_offsets_the_client_read_past_are_forgotten(self):
+        # Given a restored map {2, 5}; record 5 and everything after it were deleted
+        state = PartitionState(
+            TP, 1, committed_offset=2, restored_incomplete=[2, 5], restored_highest=6
+        )
+        state.accept(msgs(2, 3))
+        state.succeeded(2)
+        # When the client reports having read up to 7 without delivering 5
+        state.read_to(7)
+        # Then the commit can reach the read position
+        assert state.offset_to_commit() == 7
+
+
+class TestCommitTracker:
+    def _finished(self, *offsets: int, epoch: int = 1) -> PartitionState:
+        state = PartitionState(TP, epoch)
+        state.accept(msgs(*offsets))
+        for offset in offsets:
+            state.succeeded(offset)
+        return state
+
     def test_work_finished_during_a_commit_keeps_the_partition_dirty(self):
         state = PartitionState(TP, 1)
         state.accept(msgs(0, 1))
         state.succeeded(0)
-        state.commit_sent(1, "")
+        tracker = CommitTracker(4096)
+        [commit] = tracker.due([state], now=0.0)
         state.succeeded(1)  # finished while the commit is in flight
-        assert state.commit_acknowledged(1, "", ok=True)
+        assert tracker.answered(state, CommitAnswer(commit))
         assert state.committed_offset == 1
         assert state.dirty
 
     def test_acknowledged_commit_of_current_state_cleans(self):
-        state = PartitionState(TP, 1)
-        state.accept(msgs(0))
-        state.succeeded(0)
-        state.commit_sent(1, "")
-        assert state.commit_acknowledged(1, None, ok=True)  # callback without metadata
+        state = self._finished(0)
+        tracker = CommitTracker(4096)
+        [commit] = tracker.due([state], now=0.0)
+        assert commit == OffsetCommit(TP, 1, 1, "")
+        assert tracker.answered(state, CommitAnswer(commit))
         assert not state.dirty
+        assert not tracker.has_pending()
 
     def test_failed_commit_keeps_dirty(self):
-        state = PartitionState(TP, 1)
-        state.accept(msgs(0))
-        state.succeeded(0)
-        state.commit_sent(1, "")
-        assert state.commit_acknowledged(1, "", ok=False)
+        state = self._finished(0)
+        tracker = CommitTracker(4096)
+        [commit] = tracker.due([state], now=0.0)
+        assert tracker.answered(state, CommitAnswer(commit, "timed out"))
         assert state.dirty
         assert state.committed_offset is None
+
+    def test_an_answer_for_an_older_epoch_never_matches(self):
+        # Given the same offset committed in epoch 1, then again after a reassignment (epoch 2)
+        tracker = CommitTracker(4096)
+        old = self._finished(0, epoch=1)
+        [old_commit] = tracker.due([old], now=0.0)
+        tracker.forget(TP)
+        new = self._finished(0, epoch=2)
+        [new_commit] = tracker.due([new], now=0.0)
+        # When the old epoch's answer arrives
+        matched = tracker.answered(new, CommitAnswer(old_commit))
+        # Then it does not clean the new assignment
+        assert not matched
+        assert new.dirty
+        assert tracker.has_pending(TP)
+        assert tracker.answered(new, CommitAnswer(new_commit))
+
+    def test_the_same_commit_is_not_sent_twice_while_pending(self):
+        state = self._finished(0)
+        tracker = CommitTracker(4096)
+        assert len(tracker.due([state], now=0.0)) == 1
+        assert tracker.due([state], now=1.0) == []
+        assert len(tracker.due([state], now=1.0, final=True)) == 1
+
+    def test_a_large_map_blocks_until_the_holes_finish(self):
+        # Given every other offset of 0..400 finished: a map too large for 16 bytes
+        state = PartitionState(TP, 1)
+        state.accept(msgs(*range(400)))
+        for offset in range(1, 400, 2):
+            state.succeeded(offset)
+        tracker = CommitTracker(16)
+        tracker.plan(state)
+        assert TP in tracker.blocked
+        # When the holes finish
+        for offset in range(0, 400, 2):
+            state.succeeded(offset)
+            tracker.after_success(state)
+        # Then the partition is unblocked, once
+        assert TP not in tracker.blocked
+        assert tracker.take_unblocked() == [TP]
+        assert tracker.take_unblocked() == []
 
 
 class TestShardMap:
@@ -165,6 +243,35 @@ class TestShardMap:
         assert shards.take(blocked) is None  # 9 is above the limit: the shard parks
         shards.retry_now(hole)
         assert shards.take(blocked) is hole
+
+    def test_unordered_retries_go_back_in_offset_order_so_holes_are_not_parked(self):
+        # Given UNORDERED records 10, 20 and 95 that all ran and failed
+        shards = ShardMap(ProcessingOrder.UNORDERED)
+        hole10, hole20, high = (item(o, ordering=ProcessingOrder.UNORDERED) for o in (10, 20, 95))
+        shards.add(TP, [hole10, hole20, high])
+        for i in (hole10, hole20, high):
+            assert shards.take({}) is i
+            shards.retry_later(i)
+        # And the holes are due first, while the workers are busy, then 95
+        shards.retry_now(hole20)
+        shards.retry_now(hole10)
+        shards.retry_now(high)
+        # When the partition is blocked with limit 50
+        blocked = {TP: 50}
+        # Then the holes still run (95 must not head the queue and park it), then 95 parks
+        assert [shards.take(blocked), shards.take(blocked)] == [hole10, hole20]
+        assert shards.take(blocked) is None
+
+    def test_unordered_retries_due_in_any_order_run_in_offset_order(self):
+        shards = ShardMap(ProcessingOrder.UNORDERED)
+        a, b, c = (item(o, ordering=ProcessingOrder.UNORDERED) for o in (1, 2, 3))
+        shards.add(TP, [a, b, c])
+        assert [shards.take({}) for _ in range(2)] == [a, b]
+        shards.retry_later(a)
+        shards.retry_later(b)
+        shards.retry_now(a)  # a is due first, b later
+        shards.retry_now(b)
+        assert [shards.take({}) for _ in range(3)] == [a, b, c]
 
     def test_empty_shards_are_dropped_and_revoke_forgets_waiting(self):
         shards = ShardMap(ProcessingOrder.KEY)

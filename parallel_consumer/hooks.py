@@ -1,0 +1,127 @@
+"""Hooks: where metrics, tracing and operator tools attach to the engine without changing it.
+
+The engine calls a :class:`Hooks` object at a handful of points. Controller-side hooks run on
+the controller thread and must return quickly (they sit on the path of every record); runner
+hooks run on the thread that runs the handler, around the call, which is where a tracing span
+belongs. Every method has a no-op default in :class:`NoHooks`: subclass it and override what
+you need. An exception raised by a hook is logged and ignored: a broken metrics exporter must
+not stop the consumer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, cast
+
+from parallel_consumer.context import PollContext
+from parallel_consumer.errors import ConfigurationError
+from parallel_consumer.work.commits import CommitAnswer
+from parallel_consumer.work.item import TopicPartition
+
+__all__ = ["Hooks", "NoHooks", "StallReport", "guarded"]
+
+log = logging.getLogger("parallel_consumer")
+
+
+@dataclass(frozen=True, slots=True)
+class StallReport:
+    """Records wait, nothing runs, and nothing is due: the engine is not making progress."""
+
+    waiting: int
+    retry_waiting: int
+    in_flight: int
+    paused_partitions: int
+    blocked_partitions: int
+    #: Seconds the engine has been in this state.
+    idle_for: float
+
+
+class Hooks(Protocol):
+    # -- controller thread --
+    def on_dispatch(self, batch: int, context: PollContext) -> None:
+        """A handler call for ``context``'s records was handed to the runner."""
+
+    def on_work_done(
+        self, batch: int, errors: Sequence[BaseException | None], duration: float
+    ) -> None:
+        """A call ended: one outcome per record (None = succeeded); ``duration`` in seconds
+        from dispatch to the end of the call."""
+
+    def on_commit(self, answers: Sequence[CommitAnswer]) -> None:
+        """The broker answered a commit."""
+
+    def on_rebalance(self, kind: str, partitions: Sequence[TopicPartition]) -> None:
+        """``kind`` is ``"assigned"``, ``"revoked"`` or ``"lost"``."""
+
+    def on_stall(self, report: StallReport) -> None:
+        """The engine found itself stalled (see :class:`StallReport`); it also logs a warning."""
+
+    # -- runner (the thread that calls the handler) --
+    def on_call_start(self, batch: int, context: PollContext) -> None:
+        """Just before the handler is called."""
+
+    def on_call_end(self, batch: int, context: PollContext, error: BaseException | None) -> None:
+        """Just after the handler returned (``error`` None) or raised."""
+
+
+class NoHooks:
+    """The default: every hook does nothing."""
+
+    def on_dispatch(self, batch: int, context: PollContext) -> None:
+        pass
+
+    def on_work_done(
+        self, batch: int, errors: Sequence[BaseException | None], duration: float
+    ) -> None:
+        pass
+
+    def on_commit(self, answers: Sequence[CommitAnswer]) -> None:
+        pass
+
+    def on_rebalance(self, kind: str, partitions: Sequence[TopicPartition]) -> None:
+        pass
+
+    def on_stall(self, report: StallReport) -> None:
+        pass
+
+    def on_call_start(self, batch: int, context: PollContext) -> None:
+        pass
+
+    def on_call_end(self, batch: int, context: PollContext, error: BaseException | None) -> None:
+        pass
+
+
+_METHODS = [name for name in vars(NoHooks) if name.startswith("on_")]
+
+
+class _Guarded:
+    """Calls another Hooks object and logs (never raises) what its methods raise."""
+
+    def __init__(self, inner: Hooks) -> None:
+        self._inner = inner
+        for name in _METHODS:
+            setattr(self, name, self._wrap(name, getattr(inner, name)))
+
+    def _wrap(self, name: str, method: Callable[..., None]) -> Callable[..., None]:
+        def call(*args: object) -> None:
+            try:
+                method(*args)
+            except Exception:
+                log.warning("hook %s of %r failed", name, self._inner, exc_info=True)
+
+        return call
+
+
+def guarded(hooks: Hooks | None) -> Hooks:
+    """``hooks`` made safe to call from the engine; :class:`NoHooks` (the default) as is."""
+    if hooks is None or type(hooks) is NoHooks:
+        return NoHooks()
+    missing = [name for name in _METHODS if not callable(getattr(hooks, name, None))]
+    if missing:
+        raise ConfigurationError(
+            f"hooks={hooks!r} lacks {', '.join(missing)}: subclass parallel_consumer.NoHooks "
+            "and override what you need"
+        )
+    return cast(Hooks, _Guarded(hooks))

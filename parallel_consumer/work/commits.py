@@ -1,0 +1,198 @@
+"""The commit tracker: what to commit per partition, what is on its way, and which partitions
+are blocked. Owned by the controller thread; pure data and decisions, no I/O.
+
+"Blocked" lives here and only here: a partition whose offset map is near or over the metadata
+limit runs only the holes below its highest succeeded offset until the map shrinks. The
+controller reads :attr:`CommitTracker.blocked` when it asks the shards for work, and unparks the
+shards of the partitions :meth:`CommitTracker.take_unblocked` returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable
+
+from parallel_consumer.offsets import CommitPlan, MetadataStatus, plan_commit
+from parallel_consumer.work.item import TopicPartition
+from parallel_consumer.work.partitions import PartitionState
+
+__all__ = ["PENDING_COMMIT_TIMEOUT", "CommitAnswer", "CommitTracker", "OffsetCommit"]
+
+log = logging.getLogger("parallel_consumer")
+
+#: A commit neither acknowledged nor failed after this long is sent again.
+PENDING_COMMIT_TIMEOUT = 30.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OffsetCommit:
+    """One partition's share of a commit, for the assignment ``epoch`` it was planned in.
+    ``metadata`` ``""`` commits no metadata at all."""
+
+    tp: TopicPartition
+    epoch: int
+    offset: int
+    metadata: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CommitAnswer:
+    """The broker's answer for one :class:`OffsetCommit`; ``error`` is None on success.
+    ``permanent`` errors fail again however often they are retried (authorisation, a map over
+    the broker's ``offset.metadata.max.bytes``)."""
+
+    commit: OffsetCommit
+    error: str | None = None
+    permanent: bool = False
+
+
+@dataclasses.dataclass(slots=True)
+class _Pending:
+    version: int
+    sent_at: float
+
+
+class CommitTracker:
+    """Commit planning and bookkeeping for every assigned partition."""
+
+    def __init__(self, max_metadata_bytes: int) -> None:
+        self._max_metadata_bytes = max_metadata_bytes
+        #: Blocked partitions -> the offset below which records may still run.
+        self.blocked: dict[TopicPartition, int] = {}
+        self._unblocked: list[TopicPartition] = []
+        #: Sent and not yet answered, per partition: (epoch, offset, metadata) -> _Pending.
+        self._pending: dict[TopicPartition, dict[tuple[int, int, str], _Pending]] = {}
+        #: Last planned map per partition: (size in bytes, status name).
+        self._metadata: dict[TopicPartition, tuple[int, str]] = {}
+
+    # -- planning -------------------------------------------------------------------------------
+
+    def plan(self, state: PartitionState) -> CommitPlan | None:
+        """What to commit for ``state`` now (None: nothing); updates whether it is blocked."""
+        plan = plan_commit(
+            state.incomplete.below(state.highest_succeeded),
+            state.highest_succeeded,
+            max_metadata_bytes=self._max_metadata_bytes,
+        )
+        if not state.incomplete:
+            # Nothing unfinished: the client's read position may be past trailing transaction
+            # markers or aborted records, which would otherwise show as lag forever.
+            target = state.offset_to_commit()
+            if plan is None and target > max(0, state.committed_offset or 0):
+                plan = CommitPlan(
+                    offset=target, metadata="", status=MetadataStatus.FITS, encoding=None, size=0
+                )
+            elif plan is not None and plan.offset < target:
+                plan = dataclasses.replace(plan, offset=target)
+        if plan is None:
+            return None
+        tp = state.tp
+        self._metadata[tp] = (plan.size, plan.status.name.lower())
+        too_big = plan.status is not MetadataStatus.FITS
+        if too_big and tp not in self.blocked:
+            self.blocked[tp] = state.highest_succeeded
+            log.warning(
+                "%s[%d]: offset map is %d bytes (%s, limit %d): only records below offset %d "
+                "run until it shrinks%s",
+                *tp,
+                plan.size,
+                plan.status.name,
+                self._max_metadata_bytes,
+                state.highest_succeeded,
+                "; committing the offset without it" if plan.metadata == "" else "",
+            )
+        elif not too_big and tp in self.blocked:
+            self._unblock(tp)
+        return plan
+
+    def due(
+        self, states: Iterable[PartitionState], now: float, *, final: bool = False
+    ) -> list[OffsetCommit]:
+        """The commits to send now: one per changed partition, unless the same commit is already
+        on its way (and not overdue); ``final`` sends every changed partition regardless."""
+        out = []
+        for state in states:
+            if not state.dirty:
+                continue
+            commit = self._planned(state)
+            if commit is None:
+                continue
+            pending = self._pending.get(state.tp, {}).get(_key(commit))
+            if not final and pending is not None and now - pending.sent_at < PENDING_COMMIT_TIMEOUT:
+                continue  # the same commit is on its way; its answer decides
+            self.sent(state, commit, now)
+            out.append(commit)
+        return out
+
+    def final_for(self, state: PartitionState, now: float) -> OffsetCommit | None:
+        """The last commit of a partition that is leaving (revoke), if it needs one."""
+        if not (state.dirty or self._pending.get(state.tp)):
+            return None
+        commit = self._planned(state)
+        if commit is not None:
+            self.sent(state, commit, now)
+        return commit
+
+    def _planned(self, state: PartitionState) -> OffsetCommit | None:
+        plan = self.plan(state)
+        if plan is None:
+            return None
+        return OffsetCommit(state.tp, state.epoch, plan.offset, plan.metadata)
+
+    def sent(self, state: PartitionState, commit: OffsetCommit, now: float) -> None:
+        self._pending.setdefault(state.tp, {})[_key(commit)] = _Pending(state.version, now)
+
+    # -- answers and progress -----------------------------------------------------------------
+
+    def answered(self, state: PartitionState, answer: CommitAnswer) -> bool:
+        """Apply the broker's answer; False if it answers no pending commit of this assignment
+        (an older epoch's, or already answered)."""
+        commit = answer.commit
+        if commit.epoch != state.epoch:
+            return False
+        pending = self._pending.get(state.tp, {}).pop(_key(commit), None)
+        if pending is None:
+            return False
+        if answer.error is None:
+            state.acknowledged(commit.offset, pending.version)
+        return True
+
+    def after_success(self, state: PartitionState) -> None:
+        """A record of ``state`` succeeded: a blocked partition without holes is free again."""
+        tp = state.tp
+        if tp in self.blocked and not state.has_holes():
+            self._unblock(tp)
+
+    def take_unblocked(self) -> list[TopicPartition]:
+        """Partitions unblocked since the last call (their parked shards may run again)."""
+        out, self._unblocked = self._unblocked, []
+        return out
+
+    def _unblock(self, tp: TopicPartition) -> None:
+        del self.blocked[tp]
+        self._unblocked.append(tp)
+
+    def forget(self, tp: TopicPartition) -> None:
+        self.blocked.pop(tp, None)
+        self._pending.pop(tp, None)
+        self._metadata.pop(tp, None)
+
+    # -- views --------------------------------------------------------------------------------
+
+    def has_pending(self, tp: TopicPartition | None = None) -> bool:
+        if tp is not None:
+            return bool(self._pending.get(tp))
+        return any(self._pending.values())
+
+    def metadata(self, tp: TopicPartition) -> tuple[int, str]:
+        """(size, status) of the last map planned for ``tp``."""
+        return self._metadata.get(tp, (0, "fits"))
+
+    def __repr__(self) -> str:
+        pending = sum(len(p) for p in self._pending.values())
+        return f"<CommitTracker pending={pending} blocked={sorted(self.blocked)}>"
+
+
+def _key(commit: OffsetCommit) -> tuple[int, int, str]:
+    return (commit.epoch, commit.offset, commit.metadata)

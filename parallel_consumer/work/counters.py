@@ -1,0 +1,29 @@
+"""Running totals of the engine, for ``statistics()``. Owned by the controller thread."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Counters"]
+
+
+@dataclass(slots=True)
+class Counters:
+    """Monotonic counts; the controller bumps them, ``statistics()`` copies them."""
+
+    #: Records polled and registered for processing.
+    registered: int = 0
+    #: Records skipped because the restored offset map marked them finished.
+    skipped: int = 0
+    succeeded: int = 0
+    #: Failed attempts (each failed retry counts again).
+    failed: int = 0
+    #: Results dropped because their partition was revoked while they ran.
+    stale: int = 0
+    commits_sent: int = 0
+    commits_acknowledged: int = 0
+    commit_failures: int = 0
+    #: Times a partition was paused by the controller.
+    pauses: int = 0
+    #: Times the engine found records waiting with nothing running and nothing due.
+    stalls: int = 0

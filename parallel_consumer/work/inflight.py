@@ -1,0 +1,67 @@
+"""The in-flight table: every batch handed to a runner and not yet reported back (pure data).
+
+One entry per handler call, ``batch id -> (items, started at, deadline)``. Runners report by
+batch id only, so a process or Spark runner never needs the engine's ``WorkItem`` objects; the
+table is also what deadlines, stall detection, spans and recovery from a crashed runner read.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from parallel_consumer.work.item import WorkItem
+
+__all__ = ["Batch", "InFlight"]
+
+
+@dataclass(slots=True)
+class Batch:
+    """One handler call: its records, when it was handed to the runner, and its deadline."""
+
+    id: int
+    items: Sequence[WorkItem]
+    started_at: float
+    #: When the call should have ended (None: no deadline).
+    deadline: float | None = None
+
+
+class InFlight:
+    """Batches handed to the runner. Owned by the controller thread."""
+
+    __slots__ = ("_batches", "_ids", "records")
+
+    def __init__(self) -> None:
+        self._batches: dict[int, Batch] = {}
+        self._ids = itertools.count(1)
+        #: Records inside the batches (what ``statistics().in_flight`` shows).
+        self.records = 0
+
+    def add(self, items: Sequence[WorkItem], now: float, deadline: float | None = None) -> Batch:
+        batch = Batch(next(self._ids), items, now, deadline)
+        self._batches[batch.id] = batch
+        self.records += len(items)
+        return batch
+
+    def pop(self, batch_id: int) -> Batch | None:
+        """Remove and return a batch; None if it is not (or no longer) in flight."""
+        batch = self._batches.pop(batch_id, None)
+        if batch is not None:
+            self.records -= len(batch.items)
+        return batch
+
+    def oldest_start(self) -> float | None:
+        # Insertion order is start order: the first entry is the oldest.
+        for batch in self._batches.values():
+            return batch.started_at
+        return None
+
+    def __iter__(self) -> Iterator[Batch]:
+        return iter(self._batches.values())
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    def __repr__(self) -> str:
+        return f"<InFlight batches={len(self._batches)} records={self.records}>"

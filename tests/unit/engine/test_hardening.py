@@ -1,0 +1,287 @@
+"""Regression tests for the guarantees a review broke (issue: core hardening), on the fakes.
+
+Each test fails on the engine as it was before the fix. Progress is watched the way a user
+would see it (handler calls), not by polling ``statistics()``, which wakes the controller and
+can hide a stall.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, Message
+
+from parallel_consumer import InternalError, Options, PollContext
+from parallel_consumer._controller import Controller
+from parallel_consumer._events import (
+    Assignment,
+    Commit,
+    PartitionsAssigned,
+    PartitionsRevoked,
+    PollerCommand,
+    RecordUnreadable,
+)
+from parallel_consumer._poller import Poller
+from parallel_consumer.commit import ConsumerCommitter
+from parallel_consumer.status import PollerStatistics
+from parallel_consumer.testing.clock import FakeClock
+from parallel_consumer.testing.fakes import FakeCluster
+from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
+
+
+def test_held_records_stay_within_the_bound_while_records_flow(harness, cluster, wait_until):
+    # Given 5,000 records, a bound of 100 and a handler that finishes every record
+    cluster.create_topic("t", 4)
+    for i in range(5000):
+        cluster.produce("t", b"%d" % i, key=b"%d" % (i % 50), partition=i % 4)
+    done = []
+    pc = harness.make(
+        Options(ordering="key", max_concurrency=4, max_buffered_records=100, fetch_batch_size=50)
+    )
+    pc.poll(lambda ctx: done.append(ctx.offset))
+    # When they flow through, sampled all along (with credit being returned and re-taken)
+    most_held, least_poller_held = 0, 0
+    deadline = time.monotonic() + 60
+    while len(done) < 5000 and time.monotonic() < deadline:
+        stats = pc.statistics()
+        assert stats.poller is not None
+        most_held = max(most_held, stats.held, stats.poller.held)
+        least_poller_held = min(least_poller_held, stats.poller.held)
+    # Then neither the engine nor the poller ever held more than 100, nor a negative count
+    assert len(done) == 5000
+    assert most_held <= 100, most_held
+    assert least_poller_held >= 0
+    pc.close()
+
+
+def test_a_partition_paused_for_back_pressure_resumes_without_waiting_for_a_commit(
+    harness, cluster, wait_until
+):
+    # Given PARTITION order, data in one of two partitions, a small buffer and a commit interval
+    # far longer than the test (each stall would last until the next commit: 60 s)
+    cluster.create_topic("t", 2)
+    for i in range(1500):
+        cluster.produce("t", b"%d" % i, partition=0)
+    calls = []
+    pc = harness.make(
+        Options(
+            ordering="partition",
+            max_buffered_records=100,
+            fetch_batch_size=50,
+            commit_interval=60,
+        )
+    )
+    pc.poll(lambda ctx: calls.append(time.monotonic()))
+    # When it runs, watched only through the handler's calls
+    wait_until(lambda: len(calls) == 1500, timeout=30, what="every record handled")
+    # Then no gap between two calls came near a commit interval
+    longest_gap = max(b - a for a, b in itertools.pairwise(calls))
+    print(f"longest gap between handler calls: {longest_gap:.3f}s")
+    assert longest_gap < 5
+    pc.close()
+
+
+def test_close_without_drain_starts_no_handler_call_after_it_returned(harness, cluster):
+    # Given more batches than workers, every worker blocked in its call
+    cluster.create_topic("t", 1)
+    for i in range(50):
+        cluster.produce("t", b"%d" % i, key=b"%d" % i, partition=0)
+    release = threading.Event()
+    started: list[float] = []
+    running = threading.Semaphore(0)
+
+    def handle(ctx: PollContext) -> None:
+        started.append(time.monotonic())
+        running.release()
+        release.wait(10)
+
+    pc = harness.make(Options(ordering="unordered", max_concurrency=4))
+    pc.poll(handle)
+    for _ in range(4):
+        assert running.acquire(timeout=10)
+    # When close(drain=False) gives up on the running calls
+    pc.close(drain=False, timeout=0.1)
+    closed_at = time.monotonic()
+    # And the blocked calls then return, freeing every worker
+    release.set()
+    deadline = time.monotonic() + 10
+    while (
+        any(
+            t.name.endswith(tuple(f"-worker-{i}" for i in range(4))) and t.is_alive()
+            for t in threading.enumerate()
+        )
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.01)
+    # Then no call started after close() returned (the queued batches were taken back)
+    assert [t for t in started if t > closed_at] == []
+    assert len(started) == 4
+
+
+def test_a_permanent_commit_error_stops_the_consumer_with_a_clear_error(harness, cluster):
+    # Given a broker that rejects the offset map as too large
+    cluster.create_topic("t", 1)
+    for i in range(5):
+        cluster.produce("t", b"%d" % i, partition=0)
+    pc = harness.make(Options(commit_interval=0.05))
+    pc.poll(lambda ctx: None)
+    harness.consumers[0].fail_next_commits(100, code=KafkaError.OFFSET_METADATA_TOO_LARGE)
+    # When the engine commits, Then it stops (rather than retrying forever) and says what to do
+    with pytest.raises(InternalError, match="max_metadata_bytes"):
+        pc.wait(timeout=20)
+    assert isinstance(pc.failure, InternalError)
+
+
+# -- the poller, driven by hand on the test thread ------------------------------------------------
+
+
+class _Controller:
+    """Plays the controller's part for a poller: answers a revoke with a final commit."""
+
+    def __init__(self) -> None:
+        self.poller: Poller | None = None
+        self.events: list[Any] = []
+        self.final_offset = 0
+
+    def post(self, event: Any) -> None:
+        self.events.append(event)
+        if isinstance(event, PartitionsRevoked):
+            assert self.poller is not None
+            (tp,) = event.tps
+            self.poller.send(_commit(tp, 1, self.final_offset, sync=True))
+            event.reply.set_result(None)
+
+
+def _commit(tp: tuple[str, int], epoch: int, offset: int, *, sync: bool = False) -> Commit:
+    return Commit((OffsetCommit(tp, epoch, offset, ""),), sync=sync, reply=Future())
+
+
+def _poller(cluster: FakeCluster, controller: _Controller) -> tuple[Poller, Any]:
+    consumers = []
+
+    def factory(config: dict[str, Any]) -> Any:
+        consumers.append(cluster.consumer(config))
+        return consumers[0]
+
+    poller = Poller(
+        factory,
+        {"group.id": "g", "bootstrap.servers": "fake"},
+        post=controller.post,
+        limit=100,
+        fetch_batch=10,
+    )
+    controller.poller = poller
+    return poller, consumers[0]
+
+
+def test_a_commit_queued_before_a_revoke_never_lands_after_the_revoke_commit():
+    # Given partition t[0] assigned (epoch 1), with a periodic commit of 15 queued
+    cluster = FakeCluster()
+    cluster.create_topic("t", 1)
+    controller = _Controller()
+    controller.final_offset = 20
+    poller, consumer = _poller(cluster, controller)
+    tp = ("t", 0)
+    poller._on_assign(consumer, [_kafka_tp(tp)])
+    queued = _commit(tp, 1, 15)
+    poller.send(queued)
+    # When the partition is revoked before the poller ran its commands
+    poller._on_revoke(consumer, [_kafka_tp(tp)])
+    # And a commit planned before the revoke arrives after it
+    late = _commit(tp, 1, 17)
+    poller.send(late)
+    poller._run_commands()
+    # Then the queued commit ran before the final one, and the late one never reached the client
+    assert [offset for _, offset, _ in consumer.commit_log] == [15, 20]
+    assert cluster.committed("g", "t", 0) == (20, None)
+    assert late.reply.result(0) == (
+        CommitAnswer(late.offsets[0], "the partition is no longer assigned"),
+    )
+
+
+def test_a_record_the_client_cannot_read_stops_the_engine_instead_of_being_skipped():
+    cluster = FakeCluster()
+    cluster.create_topic("t", 1)
+    controller = _Controller()
+    poller, consumer = _poller(cluster, controller)
+    poller._on_assign(consumer, [_kafka_tp(("t", 0))])
+    corrupt = Message(topic="t", partition=0, offset=7, error=KafkaError(KafkaError._BAD_MSG))
+    poller._hand_over([corrupt])
+    assert [e for e in controller.events if isinstance(e, RecordUnreadable)] == [
+        RecordUnreadable(("t", 0), 7, str(KafkaError(KafkaError._BAD_MSG)))
+    ]
+
+
+def _kafka_tp(tp: tuple[str, int]) -> Any:
+    from confluent_kafka import TopicPartition
+
+    return TopicPartition(*tp)
+
+
+# -- the controller, stepped by hand --------------------------------------------------------------
+
+
+class _StuckPoller:
+    """A poller that does not stop (it is inside a revoke callback)."""
+
+    def __init__(self) -> None:
+        self.commands: list[PollerCommand] = []
+
+    def send(self, command: PollerCommand) -> None:
+        self.commands.append(command)
+        if isinstance(command, Commit):
+            command.reply.set_result(tuple(CommitAnswer(c) for c in command.offsets))
+
+    def join(self, timeout: float) -> bool:
+        return False
+
+    def statistics(self) -> PollerStatistics:
+        return PollerStatistics(0, 100, 100, 0, 0, None, None)
+
+
+class _IdleRunner:
+    capacity = 1
+    backlog = 1
+
+    def start(self, handler: Any, done: Any) -> None:
+        pass
+
+    def submit(self, batch: int, context: PollContext) -> None:
+        pass
+
+    def cancel_queued(self) -> list[int]:
+        return []
+
+    def stop(self, timeout: float) -> bool:
+        return True
+
+
+def test_close_keeps_answering_a_revoke_while_it_waits_for_the_poller():
+    # Given a controller that has committed and is waiting for the poller to stop
+    clock = FakeClock()
+    poller = _StuckPoller()
+    controller = Controller(
+        Options(),
+        runner=_IdleRunner(),
+        poller=poller,
+        committer=ConsumerCommitter(poller, Options().commit_mode),
+        clock=clock,
+    )
+    controller.start(lambda ctx: None, thread=False)
+    controller.post(PartitionsAssigned((Assignment(("t", 0), 1, None, None),)))
+    controller.request("close", drain=False, timeout=0)
+    started = time.monotonic()
+    for _ in range(5):
+        assert not controller.run_once(block=False)
+    # When the poller, inside a revoke callback, asks for the final commit
+    reply: Future[None] = Future()
+    controller.post(PartitionsRevoked((("t", 0),), reply))
+    controller.run_once(block=False)
+    # Then it is answered at once, not after the controller gave up waiting for the poller
+    assert reply.done()
+    assert time.monotonic() - started < 1
