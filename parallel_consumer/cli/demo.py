@@ -3,24 +3,46 @@
 It starts an embedded broker (or uses ``--bootstrap``), produces keyed records, processes them with
 a handler that waits a few milliseconds (simulated I/O) and fails now and then, and then checks
 the result: every record processed, per-key order kept, committed offsets at the end of the topic.
+
+Retries are routine here, so the library's warning for each failed attempt is summarised: the
+progress line counts them, and a record's own warning is printed only from its
+``--warn-from-attempt``-th failed attempt on (a record that keeps failing).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import random
+import re
+import sys
 import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from confluent_kafka import Consumer, TopicPartition
 
 from parallel_consumer import Options, ParallelConsumer, PollContext, ProcessingOrder
 from parallel_consumer.testing import LocalKafka, create_topic, produce_records
 
-__all__ = ["add_parser", "run"]
+__all__ = ["RetryWarnings", "add_parser", "run"]
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1 up, got {text}")
+    return value
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -32,13 +54,76 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     demo.add_argument(
         "--ordering", choices=[o.name for o in ProcessingOrder], default=ProcessingOrder.KEY.name
     )
+    demo.add_argument(
+        "--failure-rate",
+        type=_fraction,
+        default=0.01,
+        help="share of records whose first attempt fails (and is retried)",
+    )
+    demo.add_argument(
+        "--warn-from-attempt",
+        type=_positive,
+        default=3,
+        metavar="N",
+        help="print a record's retry warning only from its Nth failed attempt on (default 3); "
+        "earlier ones are only counted",
+    )
     demo.add_argument("--bootstrap", help="use this broker instead of starting a local one")
 
 
-class _Handler:
-    """Sleeps 1-5 ms per record and fails 1% of first attempts; records what it saw."""
+class RetryWarnings(logging.Filter):
+    """Holds back the library's warning for a record's failed attempt below ``from_attempt``.
 
-    def __init__(self) -> None:
+    The library logs one warning per failed attempt (``<topic>[<p>]@<offset> failed (attempt
+    <n>), retrying in ...``). Routine retries are only counted (``held_back``); a record that
+    keeps failing is shown from its ``from_attempt``-th attempt on. Everything else passes.
+    """
+
+    PATTERN = re.compile(r"failed \(attempt (\d+)\), retrying")
+
+    def __init__(self, from_attempt: int) -> None:
+        super().__init__()
+        self.from_attempt = from_attempt
+        self.held_back = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        match = self.PATTERN.search(record.getMessage())
+        if match is not None and int(match.group(1)) < self.from_attempt:
+            self.held_back += 1
+            return False
+        return True
+
+
+@contextmanager
+def _library_warnings(from_attempt: int) -> Iterator[RetryWarnings]:
+    """Print the library's warnings on stderr through a :class:`RetryWarnings` filter.
+
+    The library logger stops propagating meanwhile, so the held-back warnings do not reach a
+    handler configured elsewhere (or Python's last-resort one); its settings come back after.
+    """
+    logger = logging.getLogger("parallel_consumer")
+    retries = RetryWarnings(from_attempt)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("  %(levelname)s %(message)s"))
+    handler.addFilter(retries)
+    saved = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    if logger.getEffectiveLevel() > logging.WARNING:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield retries
+    finally:
+        logger.removeHandler(handler)
+        logger.level, logger.propagate = saved
+
+
+class _Handler:
+    """Sleeps 1-5 ms per record and fails some first attempts; records what it saw."""
+
+    def __init__(self, failure_rate: float) -> None:
+        self.failure_rate = failure_rate
         self.lock = threading.Lock()
         self.lanes: dict[tuple[int, bytes | None], list[int]] = defaultdict(list)
         self.done: set[tuple[int, int]] = set()
@@ -56,7 +141,7 @@ class _Handler:
         with self.lock:
             self.attempts += 1
             self.slept += pause
-        if record.attempts == 0 and random.random() < 0.01:
+        if record.attempts == 0 and random.random() < self.failure_rate:
             raise ConnectionError("simulated downstream failure (retried)")
         with self.lock:
             self.lanes[(record.partition, record.key)].append(record.offset)
@@ -74,20 +159,23 @@ def run(args: argparse.Namespace) -> int:
         bootstrap = broker.bootstrap_servers
         print(f"broker ready at {bootstrap} in {broker.start_seconds:.1f} s", flush=True)
     try:
-        return _demo(args, bootstrap)
+        with _library_warnings(args.warn_from_attempt) as retries:
+            return _demo(args, bootstrap, retries)
     finally:
         if broker is not None:
             broker.stop()
 
 
-def _demo(args: argparse.Namespace, bootstrap: str) -> int:
+def _demo(args: argparse.Namespace, bootstrap: str, retries: RetryWarnings) -> int:
     topic = f"demo-orders-{uuid.uuid4().hex[:6]}"
     create_topic(bootstrap, topic, partitions=args.partitions)
     keys = [b"customer-%d" % random.randrange(args.keys) for _ in range(args.records)]
-    produce_records(bootstrap, topic, args.records, keys=keys)
+    # A fresh broker answers the first idempotent producer with "coordinator load in progress",
+    # which the client retries by itself; keep its warning off the demo's output.
+    produce_records(bootstrap, topic, args.records, keys=keys, producer_config={"log_level": 3})
     print(f"produced {args.records} records with {args.keys} keys to {topic}", flush=True)
 
-    handler = _Handler()
+    handler = _Handler(args.failure_rate)
     options = Options(
         ordering=ProcessingOrder[args.ordering],
         max_concurrency=args.concurrency,
@@ -108,11 +196,11 @@ def _demo(args: argparse.Namespace, bootstrap: str) -> int:
             stats = pc.statistics()
             print(
                 f"  {len(handler.done):>7}/{args.records} done  in flight {stats.in_flight:>4}  "
-                f"waiting {stats.waiting:>6}  retrying {stats.retry_waiting:>3}  "
-                f"commits {stats.commits_acknowledged}",
+                f"waiting {stats.waiting:>6}  retry queue {stats.retry_waiting:>3}  "
+                f"retries {stats.records_failed:>4}  commits {stats.commits_acknowledged}",
                 flush=True,
             )
-    return _report(args, bootstrap, config["group.id"], topic, handler, started)
+    return _report(args, bootstrap, config["group.id"], topic, handler, started, retries)
 
 
 def _report(
@@ -122,6 +210,7 @@ def _report(
     topic: str,
     handler: _Handler,
     started: float,
+    retries: RetryWarnings,
 ) -> int:
     in_order = all(offsets == sorted(offsets) for offsets in handler.lanes.values())
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
@@ -150,7 +239,11 @@ def _report(
         f"is {handler.slept:.1f} s; with {args.concurrency} at once "
         f"{handler.slept / args.concurrency:.2f} s"
     )
-    print(f"retried after failures: {handler.attempts - args.records}")
+    print(
+        f"retried after failures: {handler.attempts - args.records} (warnings summarised: "
+        f"{retries.held_back}; a record's own warnings show from its failed attempt "
+        f"{retries.from_attempt} on)"
+    )
     print(f"per-key order kept: {in_order}")
     print(f"committed offsets {committed} == topic end {ends}: {committed == ends}")
     print("OK" if ok else "FAILED")
