@@ -43,20 +43,20 @@ from parallel_consumer.commit import Committer
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.errors import InternalError, Retry
 from parallel_consumer.hooks import Hooks, NoHooks, StallReport
-from parallel_consumer.offsets import OffsetDecodeError, decode_offset_map
 from parallel_consumer.options import InvalidMetadataPolicy, Options, ProcessingOrder
 from parallel_consumer.retry import RetryQueue
 from parallel_consumer.runners.base import Handler, Runner
 from parallel_consumer.status import Lifecycle, PollerStatistics, Statistics
-from parallel_consumer.work.backpressure import partition_cap, partitions_to_pause
+from parallel_consumer.work.backpressure import Pauses
 from parallel_consumer.work.commits import CommitAnswer, CommitTracker, OffsetCommit
 from parallel_consumer.work.counters import Counters
 from parallel_consumer.work.credit import credit_chunk
 from parallel_consumer.work.inflight import InFlight
 from parallel_consumer.work.item import TopicPartition, WorkItem
 from parallel_consumer.work.outcomes import RetryAt, decide
-from parallel_consumer.work.partitions import PartitionState
+from parallel_consumer.work.partitions import PartitionState, restored_state
 from parallel_consumer.work.shards import ShardMap, shard_key_for
+from parallel_consumer.work.stall import StallWatch
 
 __all__ = ["Controller"]
 
@@ -66,10 +66,6 @@ log = logging.getLogger("parallel_consumer")
 FINAL_COMMIT_TIMEOUT = 10.0
 #: How long the poller (and, after a failure, the workers) may take to stop.
 STOP_TIMEOUT = 10.0
-#: How often paused partitions are checked for resumption while nothing else happens.
-PAUSE_CHECK_INTERVAL = 0.005
-#: Records waiting with nothing in flight and nothing due for this long is reported as a stall.
-STALL_AFTER = 1.0
 
 
 class PollerPort(Protocol):
@@ -138,14 +134,13 @@ class Controller:
         #: Credit not yet returned to the poller (records that left the engine).
         self._to_release = 0
         self._credit_chunk = credit_chunk(options.buffer_limit, options.fetch_batch_size)
-        self._paused: frozenset[TopicPartition] = frozenset()
-        #: Pause decisions are re-evaluated when records arrived or, while some partition is
-        #: paused, at most every PAUSE_CHECK_INTERVAL: not on every turn of the loop.
-        self._pauses_stale = True
-        self._next_pause_check = 0.0
+        self._pauses = Pauses(
+            options.buffer_limit,
+            options.fetch_batch_size,
+            partition_order=options.ordering is ProcessingOrder.PARTITION,
+        )
+        self._stall = StallWatch()
         self._next_commit = 0.0
-        self._stall_since: float | None = None
-        self._stall_reported = False
         self._close: _Close | None = None
 
     # -- other threads ------------------------------------------------------------------------
@@ -228,14 +223,8 @@ class Controller:
         if now >= self._next_commit:
             self._send_commits(self._commits.due(self._partitions.values(), now))
             self._next_commit = now + self._options.commit_interval
-        if (
-            self._pauses_stale
-            or (self._paused and now >= self._next_pause_check)
-            or (now >= self._next_pause_check and self._starving())
-        ):
-            self._update_pauses()
-            self._pauses_stale = False
-            self._next_pause_check = now + PAUSE_CHECK_INTERVAL
+        if self._pauses.due(now, self._starving()):
+            self._update_pauses(now)
         release = self._to_release
         if release and (release >= self._credit_chunk or self._shards.waiting < self._credit_chunk):
             self._poller.send(Release(release))
@@ -256,11 +245,11 @@ class Controller:
         due = self._retries.next_due()
         if due is not None and due < deadline:
             deadline = due
-        if self._paused and self._next_pause_check < deadline:
-            # A paused partition resumes once its backlog drained: check even if no event comes.
-            deadline = self._next_pause_check
-        if self._stall_since is not None and not self._stall_reported:
-            deadline = min(deadline, self._stall_since + STALL_AFTER)
+        for wake in (self._pauses.wake_at(), self._stall.wake_at()):
+            # A paused partition resumes once its backlog drained, and a stall is reported,
+            # even if no event arrives to wake the loop.
+            if wake is not None and wake < deadline:
+                deadline = wake
         if self._close is not None:
             deadline = min(deadline, now + 0.05)
         return deadline
@@ -270,7 +259,7 @@ class Controller:
             self._on_work_done(event)
             return
         # Anything else may change the assignment, the lifecycle or the backlog.
-        self._pauses_stale = True
+        self._pauses.stale = True
         if isinstance(event, RecordsPolled):
             self._on_records(event)
         elif isinstance(event, CommitResult):
@@ -321,41 +310,11 @@ class Controller:
             counters.registered += len(fresh)
 
     def _on_assigned(self, event: PartitionsAssigned) -> None:
-        for assignment in event.assignments:
-            tp, committed, metadata = (
-                assignment.tp,
-                assignment.committed_offset,
-                assignment.metadata,
-            )
-            restored: tuple[int, ...] | list[int] = ()
-            highest = -1 if committed is None else committed - 1
-            if committed is not None and metadata:
-                try:
-                    decoded = decode_offset_map(committed, metadata)
-                except OffsetDecodeError as exc:
-                    if self._options.invalid_metadata_policy is InvalidMetadataPolicy.FAIL:
-                        raise InternalError(
-                            f"{tp[0]}[{tp[1]}]: committed offset {committed} carries metadata "
-                            f"that cannot be decoded ({exc}); set "
-                            "Options(invalid_metadata_policy=REPLAY) to replay instead"
-                        ) from exc
-                    log.error(
-                        "%s[%d]: cannot decode the offset map committed at offset %d (%s); "
-                        "replaying everything from that offset",
-                        *tp,
-                        committed,
-                        exc,
-                    )
-                else:
-                    restored = decoded.incomplete
-                    highest = decoded.highest_seen
-            self._forget(tp)
-            self._partitions[tp] = PartitionState(
-                tp,
-                assignment.epoch,
-                committed_offset=committed,
-                restored_incomplete=restored,
-                restored_highest=highest,
+        fail = self._options.invalid_metadata_policy is InvalidMetadataPolicy.FAIL
+        for a in event.assignments:
+            self._forget(a.tp)
+            self._partitions[a.tp] = restored_state(
+                a.tp, a.epoch, a.committed_offset, a.metadata, fail_on_invalid=fail
             )
         self._hooks.on_rebalance("assigned", [a.tp for a in event.assignments])
 
@@ -515,55 +474,40 @@ class Controller:
             and not self._shards.has_ready()
         )
 
-    def _update_pauses(self) -> None:
-        assigned = self._partitions.keys()
-        if self.lifecycle is Lifecycle.RUNNING:
-            cap = partition_cap(
-                self._options.buffer_limit, len(assigned), self._options.fetch_batch_size
-            )
-            wanted = partitions_to_pause(
-                self._shards.waiting_by_tp,
-                assigned,
-                self._paused,
-                cap,
-                crowding=self._options.ordering is ProcessingOrder.PARTITION or self._starving(),
-            )
-        else:
-            wanted = frozenset(assigned)
-        if wanted != self._paused:
-            self._counters.pauses += len(wanted - self._paused)
-            self._paused = wanted
+    def _update_pauses(self, now: float) -> None:
+        wanted = self._pauses.update(
+            now,
+            self._shards.waiting_by_tp,
+            self._partitions.keys(),
+            running=self.lifecycle is Lifecycle.RUNNING,
+            starving=self._starving(),
+        )
+        if wanted is not None:
             self._poller.send(SetPaused(wanted))
 
     def _watch_for_stall(self, now: float) -> None:
-        """Records waiting while nothing runs and no retry is due can only mean a bug in the
-        engine (every waiting record is either runnable or behind one that is busy): say so
-        loudly instead of stalling silently."""
-        stalled = (
-            self._shards.waiting
-            and not self._in_flight
-            and not self._retries
-            and (self.lifecycle is Lifecycle.RUNNING or self.lifecycle is Lifecycle.DRAINING)
+        idle_for = self._stall.observe(
+            now,
+            stalled=bool(
+                self._shards.waiting
+                and not self._in_flight
+                and not self._retries
+                and self.lifecycle in (Lifecycle.RUNNING, Lifecycle.DRAINING)
+            ),
         )
-        if not stalled:
-            self._stall_since = None
-            self._stall_reported = False
+        if idle_for is None:
             return
-        if self._stall_since is None:
-            self._stall_since = now
-        elif not self._stall_reported and now - self._stall_since >= STALL_AFTER:
-            self._stall_reported = True
-            self._counters.stalls += 1
-            report = StallReport(
-                waiting=self._shards.waiting,
-                retry_waiting=len(self._retries),
-                in_flight=self._in_flight.records,
-                paused_partitions=len(self._paused),
-                blocked_partitions=len(self._commits.blocked),
-                idle_for=now - self._stall_since,
-            )
-            log.warning("no progress: %s; %r %r", report, self._shards, self._commits)
-            self._hooks.on_stall(report)
+        self._counters.stalls += 1
+        report = StallReport(
+            waiting=self._shards.waiting,
+            retry_waiting=len(self._retries),
+            in_flight=self._in_flight.records,
+            paused_partitions=len(self._pauses.paused),
+            blocked_partitions=len(self._commits.blocked),
+            idle_for=idle_for,
+        )
+        log.warning("no progress: %s; %r %r", report, self._shards, self._commits)
+        self._hooks.on_stall(report)
 
     # -- control and close --------------------------------------------------------------------
 
@@ -704,8 +648,8 @@ class Controller:
             commits_sent=counters.commits_sent,
             commits_acknowledged=counters.commits_acknowledged,
             commit_failures=counters.commit_failures,
-            paused_partitions=len(self._paused),
-            partition_pauses=counters.pauses,
+            paused_partitions=len(self._pauses.paused),
+            partition_pauses=self._pauses.count,
             blocked_partitions=len(commits.blocked),
             stalls=counters.stalls,
             partitions=tuple(partitions),

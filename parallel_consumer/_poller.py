@@ -180,7 +180,8 @@ class Poller:
     # -- the poller thread --------------------------------------------------------------------
 
     def _assert_owner(self) -> None:
-        if threading.get_ident() != self._thread.ident:
+        owner = self._thread.ident
+        if owner is not None and owner != threading.get_ident():
             raise RuntimeError(
                 f"the Kafka consumer belongs to {self._thread.name}; "
                 f"{threading.current_thread().name} must send it commands instead"
@@ -199,7 +200,6 @@ class Poller:
         consumer = self._consumer
         credit = self._credit
         try:
-            self._assert_owner()
             consumer.subscribe(
                 self._subscription,
                 on_assign=self._on_assign,
@@ -261,6 +261,7 @@ class Poller:
             self._run_command(command)
 
     def _run_command(self, command: PollerCommand) -> None:
+        self._assert_owner()
         if isinstance(command, Release):
             credit = self._credit
             credit.give_back(command.count)
@@ -413,6 +414,7 @@ class Poller:
     # -- rebalance callbacks (inside consume(), on this thread) --------------------------------
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        self._assert_owner()
         self._next_epoch += 1
         epoch = self._next_epoch
         committed = self._committed(partitions)
@@ -460,6 +462,7 @@ class Poller:
         return tps
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        self._assert_owner()
         log.info("revoked %s", _names(partitions))
         if not self._stopping:
             tps = tuple((p.topic, p.partition) for p in partitions)
@@ -475,7 +478,13 @@ class Poller:
                     continue
                 self._run_command(command)
             if reply.done():
-                self._run_commands()
+                # Everything queued so far, even after a StopPoller: the final commit is in it.
+                while True:
+                    try:
+                        command = self._commands.get_nowait()
+                    except queue.Empty:
+                        break
+                    self._run_command(command)
             else:
                 log.warning(
                     "no final commit for revoked %s within %.0fs; records finished since the "

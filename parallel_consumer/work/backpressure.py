@@ -16,7 +16,7 @@ from collections.abc import Mapping, Set
 
 from parallel_consumer.work.item import TopicPartition
 
-__all__ = ["partition_cap", "partitions_to_pause"]
+__all__ = ["PAUSE_CHECK_INTERVAL", "Pauses", "partition_cap", "partitions_to_pause"]
 
 
 def partition_cap(limit: int, assigned: int, fetch_batch: int) -> int:
@@ -47,3 +47,76 @@ def partitions_to_pause(
         if (crowding and waiting >= cap) or (tp in paused and waiting > low):
             result.add(tp)
     return frozenset(result)
+
+
+#: How often paused partitions are checked for resumption while nothing else happens.
+PAUSE_CHECK_INTERVAL = 0.005
+
+
+class Pauses:
+    """Which partitions the controller wants paused, and when to look again. Owned by the
+    controller thread; the decision itself is :func:`partitions_to_pause`.
+
+    Decisions are re-evaluated when something changed the backlog or the assignment
+    (:meth:`mark_stale`), while some partition is paused at most every
+    ``PAUSE_CHECK_INTERVAL`` (:meth:`wake_at` tells the controller when, so that a paused
+    partition resumes even if no event arrives), and while workers starve.
+    """
+
+    __slots__ = (
+        "_fetch_batch",
+        "_limit",
+        "_partition_order",
+        "count",
+        "next_check",
+        "paused",
+        "stale",
+    )
+
+    def __init__(self, limit: int, fetch_batch: int, *, partition_order: bool) -> None:
+        self._limit = limit
+        self._fetch_batch = fetch_batch
+        self._partition_order = partition_order
+        self.paused: frozenset[TopicPartition] = frozenset()
+        self.stale = True
+        self.next_check = 0.0
+        #: Partitions paused so far.
+        self.count = 0
+
+    def due(self, now: float, starving: bool) -> bool:
+        if self.stale:
+            return True
+        return now >= self.next_check and (bool(self.paused) or starving)
+
+    def wake_at(self) -> float | None:
+        return self.next_check if self.paused else None
+
+    def update(
+        self,
+        now: float,
+        waiting_by_tp: Mapping[TopicPartition, int],
+        assigned: Set[TopicPartition],
+        *,
+        running: bool,
+        starving: bool,
+    ) -> frozenset[TopicPartition] | None:
+        """Decide again; returns the new set to send to the poller, or None if unchanged.
+        Not ``running`` (paused by the user, draining, closing): every partition is paused."""
+        self.stale = False
+        self.next_check = now + PAUSE_CHECK_INTERVAL
+        if running:
+            cap = partition_cap(self._limit, len(assigned), self._fetch_batch)
+            wanted = partitions_to_pause(
+                waiting_by_tp,
+                assigned,
+                self.paused,
+                cap,
+                crowding=self._partition_order or starving,
+            )
+        else:
+            wanted = frozenset(assigned)
+        if wanted == self.paused:
+            return None
+        self.count += len(wanted - self.paused)
+        self.paused = wanted
+        return wanted

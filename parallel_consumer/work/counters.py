@@ -23,7 +23,5 @@ class Counters:
     commits_sent: int = 0
     commits_acknowledged: int = 0
     commit_failures: int = 0
-    #: Times a partition was paused by the controller.
-    pauses: int = 0
     #: Times the engine found records waiting with nothing running and nothing due.
     stalls: int = 0

@@ -13,9 +13,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from parallel_consumer.errors import InternalError
+from parallel_consumer.offsets import OffsetDecodeError, decode_offset_map
 from parallel_consumer.work.item import TopicPartition
 
-__all__ = ["IncompleteOffsets", "PartitionSnapshot", "PartitionState"]
+__all__ = ["IncompleteOffsets", "PartitionSnapshot", "PartitionState", "restored_state"]
 
 log = logging.getLogger("parallel_consumer")
 
@@ -302,3 +304,45 @@ class PartitionState:
             f"incomplete={len(self.incomplete)} succeeded<={self.highest_succeeded} "
             f"committed={self.committed_offset} {'dirty' if self.dirty else 'clean'}>"
         )
+
+
+def restored_state(
+    tp: TopicPartition,
+    epoch: int,
+    committed: int | None,
+    metadata: str | None,
+    *,
+    fail_on_invalid: bool,
+) -> PartitionState:
+    """The state of a newly assigned partition from what the group committed: the offset, and
+    the map of finished records above it in ``metadata``. Undecodable metadata is replayed from
+    the committed offset (logged), or raises ``InternalError`` when ``fail_on_invalid``."""
+    restored: tuple[int, ...] = ()
+    highest = -1 if committed is None else committed - 1
+    if committed is not None and metadata:
+        try:
+            decoded = decode_offset_map(committed, metadata)
+        except OffsetDecodeError as exc:
+            if fail_on_invalid:
+                raise InternalError(
+                    f"{tp[0]}[{tp[1]}]: committed offset {committed} carries metadata that "
+                    f"cannot be decoded ({exc}); set Options(invalid_metadata_policy=REPLAY) "
+                    "to replay instead"
+                ) from exc
+            log.error(
+                "%s[%d]: cannot decode the offset map committed at offset %d (%s); replaying "
+                "everything from that offset",
+                *tp,
+                committed,
+                exc,
+            )
+        else:
+            restored = tuple(decoded.incomplete)
+            highest = decoded.highest_seen
+    return PartitionState(
+        tp,
+        epoch,
+        committed_offset=committed,
+        restored_incomplete=restored,
+        restored_highest=highest,
+    )

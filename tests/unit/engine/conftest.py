@@ -60,11 +60,13 @@ class Harness:
         group: str = "g",
         clock: FakeClock | None = None,
         topics: tuple[str, ...] = ("t",),
+        hooks: Any = None,
         **config: Any,
     ) -> ParallelConsumer:
         pc = ParallelConsumer(
             {"bootstrap.servers": "fake:9092", "group.id": group, **config},
             options,
+            hooks=hooks,
             clock=clock,
             consumer_factory=self._factory,
         )

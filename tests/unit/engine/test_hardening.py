@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, Message
+from doubles import IdleRunner, StuckPoller
 
 from parallel_consumer import InternalError, Options, PollContext
 from parallel_consumer._controller import Controller
@@ -23,12 +24,11 @@ from parallel_consumer._events import (
     Commit,
     PartitionsAssigned,
     PartitionsRevoked,
-    PollerCommand,
     RecordUnreadable,
+    StopPoller,
 )
 from parallel_consumer._poller import Poller
 from parallel_consumer.commit import ConsumerCommitter
-from parallel_consumer.status import PollerStatistics
 from parallel_consumer.testing.clock import FakeClock
 from parallel_consumer.testing.fakes import FakeCluster
 from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
@@ -226,48 +226,13 @@ def _kafka_tp(tp: tuple[str, int]) -> Any:
 # -- the controller, stepped by hand --------------------------------------------------------------
 
 
-class _StuckPoller:
-    """A poller that does not stop (it is inside a revoke callback)."""
-
-    def __init__(self) -> None:
-        self.commands: list[PollerCommand] = []
-
-    def send(self, command: PollerCommand) -> None:
-        self.commands.append(command)
-        if isinstance(command, Commit):
-            command.reply.set_result(tuple(CommitAnswer(c) for c in command.offsets))
-
-    def join(self, timeout: float) -> bool:
-        return False
-
-    def statistics(self) -> PollerStatistics:
-        return PollerStatistics(0, 100, 100, 0, 0, None, None)
-
-
-class _IdleRunner:
-    capacity = 1
-    backlog = 1
-
-    def start(self, handler: Any, done: Any) -> None:
-        pass
-
-    def submit(self, batch: int, context: PollContext) -> None:
-        pass
-
-    def cancel_queued(self) -> list[int]:
-        return []
-
-    def stop(self, timeout: float) -> bool:
-        return True
-
-
 def test_close_keeps_answering_a_revoke_while_it_waits_for_the_poller():
     # Given a controller that has committed and is waiting for the poller to stop
     clock = FakeClock()
-    poller = _StuckPoller()
+    poller = StuckPoller()
     controller = Controller(
         Options(),
-        runner=_IdleRunner(),
+        runner=IdleRunner(),
         poller=poller,
         committer=ConsumerCommitter(poller, Options().commit_mode),
         clock=clock,
@@ -285,3 +250,29 @@ def test_close_keeps_answering_a_revoke_while_it_waits_for_the_poller():
     # Then it is answered at once, not after the controller gave up waiting for the poller
     assert reply.done()
     assert time.monotonic() - started < 1
+
+
+def test_a_revoke_during_close_still_runs_its_final_commit_after_a_stop_request():
+    # Given a poller inside a revoke callback, with a StopPoller queued before the controller's
+    # final commit for the revoked partition (close and rebalance at the same time)
+    cluster = FakeCluster()
+    cluster.create_topic("t", 1)
+    controller = _Controller()
+    controller.final_offset = 9
+    poller, consumer = _poller(cluster, controller)
+    tp = ("t", 0)
+    poller._on_assign(consumer, [_kafka_tp(tp)])
+    poller.send(StopPoller())
+    # When the partition is revoked
+    poller._on_revoke(consumer, [_kafka_tp(tp)])
+    # Then the final commit still reached the client
+    assert cluster.committed("g", "t", 0) == (9, None)
+
+
+def test_the_poller_refuses_commands_from_another_thread(harness, cluster, wait_until):
+    cluster.create_topic("t", 1)
+    pc = harness.make(Options())
+    pc.poll(lambda ctx: None)
+    wait_until(lambda: pc.statistics().poller.assigned_partitions == 1)
+    with pytest.raises(RuntimeError, match="must send it commands instead"):
+        pc._poller._run_command(StopPoller())
