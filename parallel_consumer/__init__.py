@@ -8,22 +8,34 @@ from __future__ import annotations
 from parallel_consumer.consumer import ParallelConsumer
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.errors import ConfigurationError, InternalError, ParallelConsumerError, Retry
-from parallel_consumer.options import CommitMode, InvalidMetadataPolicy, Options, ProcessingOrder
-from parallel_consumer.status import Lifecycle, PartitionSnapshot, Statistics
+from parallel_consumer.hooks import Hooks, NoHooks, StallReport
+from parallel_consumer.options import (
+    CommitMode,
+    InvalidMetadataPolicy,
+    Options,
+    ProcessingOrder,
+    RunnerKind,
+)
+from parallel_consumer.status import Lifecycle, PartitionSnapshot, PollerStatistics, Statistics
 
 __all__ = [
     "CommitMode",
     "ConfigurationError",
+    "Hooks",
     "InternalError",
     "InvalidMetadataPolicy",
     "Lifecycle",
+    "NoHooks",
     "Options",
     "ParallelConsumer",
     "ParallelConsumerError",
     "PartitionSnapshot",
     "PollContext",
+    "PollerStatistics",
     "ProcessingOrder",
     "RecordContext",
     "Retry",
+    "RunnerKind",
+    "StallReport",
     "Statistics",
 ]
