@@ -1,9 +1,12 @@
-"""The plain encodings of one offset range, built lazily from its sorted incomplete offsets.
+"""The plain encodings of one offset range, built lazily from its incomplete offsets.
 
 Per-offset work in Python is what makes a codec slow, so :class:`RangeEncoder` does none: the
 offsets cross into C once (``struct.pack`` into an ``int64`` buffer, the cheapest way to read a
 list of Python ints) and everything after is numpy on whole arrays:
 
+* Order: the input may be any iterable, in any order, with duplicates. One comparison of
+  neighbours shows whether the packed offsets are already strictly increasing (what the engine
+  passes); only when they are not does ``np.unique`` sort them and drop duplicates.
 * RunLength: the groups of consecutive incompletes start where the gap to the previous offset is
   more than one; the incomplete runs are the group sizes, the complete runs the gaps minus one,
   interleaved, with the leading complete run (behind a zero-length incomplete run) and the
@@ -20,10 +23,7 @@ the two); the layouts are described in ``bitset`` and ``run_length``.
 from __future__ import annotations
 
 import struct
-from bisect import bisect_left
 from collections.abc import Iterable, Sequence
-from itertools import islice
-from operator import lt
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,7 +31,7 @@ from sortedcontainers import SortedList
 
 from parallel_consumer.offsets.bitset import encoded_bitset_size
 
-__all__ = ["RangeEncoder", "range_encoder"]
+__all__ = ["RangeEncoder", "range_encoder", "sorted_offsets"]
 
 _WIDTH = {1: 2, 2: 4}
 _MAX_RUN = {1: 2**15 - 1, 2: 2**31 - 1}
@@ -42,54 +42,79 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
     Int64s = npt.NDArray[np.int64]
-# Sequences whose slices are cheap copies (a deque, for one, cannot be sliced at all).
-_SLICEABLE = (list, tuple, SortedList)
+# Sequences that struct.pack can read as they are (anything else is copied into a list first).
+_SEQUENCES = (list, tuple)
+
+
+def sorted_offsets(offsets: Iterable[int]) -> Int64s:
+    """``offsets`` as a strictly increasing ``int64`` array: sorted, without duplicates.
+
+    Any iterable of ints is accepted. An already strictly increasing list or tuple (the engine's
+    case) costs one pack and one comparison of neighbours; anything else is also sorted. Raises
+    ValueError for values that are not integers in the signed 64-bit range.
+    """
+    ordered: Sequence[int]
+    if isinstance(offsets, _SEQUENCES):
+        ordered = offsets
+    elif isinstance(offsets, set | frozenset):
+        ordered = sorted(offsets)  # no duplicates, and packed sorted: no np.unique below
+    else:
+        ordered = list(offsets)
+    packed = _pack(ordered)
+    return packed if _increasing(packed) else np.unique(packed)
 
 
 def range_encoder(base: int, stop: int, length: int, offsets: Iterable[int]) -> RangeEncoder:
-    """An encoder for the range ``[base, base + length)`` whose incompletes are ``offsets`` in
-    ``[base, stop)``; ``offsets`` must be sorted ascending without duplicates (ValueError if not).
+    """An encoder for the range ``[base, base + length)`` whose incompletes are the members of
+    ``offsets`` in ``[base, stop)``. ``offsets`` is any iterable of ints, in any order, with or
+    without duplicates (ValueError for anything that is not a signed 64-bit integer).
     """
-    ordered: Sequence[int] = offsets if isinstance(offsets, _SLICEABLE) else list(offsets)
-    if isinstance(ordered, SortedList):  # its own bisect is far faster than one via __getitem__
-        low, high = ordered.bisect_left(base), ordered.bisect_left(stop)
-    else:
-        low = bisect_left(ordered, base)
-        high = bisect_left(ordered, stop, lo=low)
-    if high - low == len(ordered):
-        return RangeEncoder(base, length, ordered)  # all of them: no copy
-    selected: Sequence[int] = ordered[low:high] if high > low else ()
-    return RangeEncoder(base, length, selected)
+    if not 0 <= base <= _INT64_MAX:
+        raise ValueError(f"offsets must fit in a signed 64-bit integer, base is {base}")
+    if type(offsets) is SortedList:  # sorted by contract: its own bisect picks the range cheaply
+        low, high = offsets.bisect_left(base), offsets.bisect_left(stop)
+        selected = _pack(offsets[low:high] if high > low else ())
+        if not _increasing(selected):
+            selected = np.unique(selected)  # a SortedList may hold duplicates
+        return RangeEncoder(base, length, selected)
+    return RangeEncoder.of_sorted(base, stop, length, sorted_offsets(offsets))
+
+
+def _increasing(offsets: Int64s) -> bool:
+    # Compared, not subtracted: np.diff would wrap around for offsets far apart.
+    return offsets.size < 2 or bool((offsets[1:] > offsets[:-1]).all())
+
+
+def _pack(offsets: Sequence[int]) -> Int64s:
+    try:
+        packed = struct.pack(f"={len(offsets)}q", *offsets)
+    except struct.error:
+        raise ValueError("incomplete offsets must be integers in the signed 64-bit range") from None
+    return np.frombuffer(packed, dtype=np.int64)
 
 
 class RangeEncoder:
     """Builds the uncompressed encoder data (no magic byte) of one range on demand.
 
-    ``selected`` are the incomplete offsets inside the range, strictly increasing (checked).
+    ``selected`` are the incomplete offsets inside the range, strictly increasing.
     """
 
-    def __init__(self, base: int, length: int, selected: Sequence[int]) -> None:
-        if not 0 <= base <= _INT64_MAX:
-            raise ValueError(f"offsets must fit in a signed 64-bit integer, base is {base}")
+    def __init__(self, base: int, length: int, selected: Int64s) -> None:
         self._length = length
-        try:
-            packed = struct.pack(f"={len(selected)}q", *selected)
-        except struct.error:
-            if not all(map(lt, selected, islice(selected, 1, None))):
-                raise _unsorted() from None
-            raise ValueError("incomplete offsets must fit in a signed 64-bit integer") from None
-        offsets = np.frombuffer(packed, dtype=np.int64)
-        # Sorted input puts every selected offset in [base, base + length); one below the base
-        # means unsorted input (and would wrap around in the subtraction), so reject it first.
-        if offsets.size and int(offsets.min()) < base:
-            raise _unsorted()
-        self._relative: Int64s = offsets - np.int64(base)
-        # Gaps between neighbours: all >= 1 exactly when the offsets are strictly increasing.
+        self._relative: Int64s = selected - np.int64(base)
+        # Gaps between neighbours, all >= 1: the offsets are strictly increasing.
         self._gaps: Int64s = np.diff(self._relative)
-        if self._gaps.size and int(self._gaps.min()) < 1:
-            raise _unsorted()
         self._runs: Int64s | None = None
         self._longest_run = 0
+
+    @classmethod
+    def of_sorted(cls, base: int, stop: int, length: int, ordered: Int64s) -> RangeEncoder:
+        """The encoder of ``ordered`` (from :func:`sorted_offsets`) within ``[base, stop)``."""
+        if stop <= base or not ordered.size:
+            return cls(base, length, ordered[:0])
+        low = int(np.searchsorted(ordered, base))
+        high = ordered.size if stop > _INT64_MAX else int(np.searchsorted(ordered, stop))
+        return cls(base, length, ordered[low:high])
 
     def bitset(self, version: int) -> bytes | None:
         length = self._length
@@ -152,7 +177,3 @@ class RangeEncoder:
         middle[0::2] = group_ends - group_starts + 1
         middle[1::2] = gaps[breaks] - 1
         return runs
-
-
-def _unsorted() -> ValueError:
-    return ValueError("incomplete_offsets must be sorted ascending without duplicates")

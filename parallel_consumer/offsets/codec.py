@@ -10,6 +10,9 @@ from __future__ import annotations
 import binascii
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from parallel_consumer.offsets import _zstd
 from parallel_consumer.offsets._ranges import RangeEncoder, range_encoder
@@ -17,6 +20,9 @@ from parallel_consumer.offsets.bitset import decode_bitset, encoded_bitset_size
 from parallel_consumer.offsets.encoding import OffsetEncoding
 from parallel_consumer.offsets.errors import KafkaStreamsMetadataError, OffsetDecodeError
 from parallel_consumer.offsets.run_length import decode_run_length
+
+if TYPE_CHECKING:
+    from parallel_consumer.offsets._ranges import Int64s
 
 __all__ = [
     "LARGE_ENCODED_SIZE_THRESHOLD_BYTES",
@@ -88,10 +94,13 @@ def encode_offset_map(
 ) -> EncodedOffsetMap | None:
     """Encode the range ``[base_offset, H]`` as Java's ``OffsetSimultaneousEncoder`` would.
 
-    ``incomplete_offsets`` must be sorted ascending without duplicates; only those in
-    ``[base_offset, highest_succeeded)`` are encoded, every other offset of the range counts as
-    complete. ``H`` is ``highest_succeeded`` adjusted like Java: ``-1`` becomes ``base_offset``
-    and anything below ``base_offset - 1`` becomes ``base_offset - 1`` (an empty range).
+    ``incomplete_offsets`` is any iterable of ints (a list, a ``SortedList``, a set, a
+    generator), in any order; duplicates count once. A strictly increasing list or tuple is the
+    fast path: it is checked, never sorted. Only the offsets in ``[base_offset,
+    highest_succeeded)`` are encoded, every other offset of the range counts as complete. ``H``
+    is ``highest_succeeded`` adjusted like Java: ``-1`` becomes ``base_offset`` and anything
+    below ``base_offset - 1`` becomes ``base_offset - 1`` (an empty range). Raises ValueError
+    for offsets that are not signed 64-bit integers.
 
     Without ``force`` every plain encoding that fits its length fields is a candidate, and so is
     the zstd-compressed form of each whenever it could be smaller (a superset of Java's "compress
@@ -100,6 +109,28 @@ def encode_offset_map(
     order. With ``force`` only that encoding is tried. Returns None when nothing can encode the
     range (v1 and v2 length fields all overflow).
     """
+    return _encode(base_offset, highest_succeeded, incomplete_offsets, force)
+
+
+def encode_sorted_offset_map(
+    base_offset: int,
+    highest_succeeded: int,
+    ordered: Int64s,
+    force: OffsetEncoding | None,
+) -> EncodedOffsetMap | None:
+    """:func:`encode_offset_map` of offsets already made strictly increasing by
+    :func:`~parallel_consumer.offsets._ranges.sorted_offsets` (for ``plan_commit``)."""
+    return _encode(base_offset, highest_succeeded, ordered, force, presorted=True)
+
+
+def _encode(
+    base_offset: int,
+    highest_succeeded: int,
+    offsets: Iterable[int],
+    force: OffsetEncoding | None,
+    *,
+    presorted: bool = False,
+) -> EncodedOffsetMap | None:
     if force is not None and force not in _RANK:
         raise ValueError(f"cannot encode with {force.name}: it is not a decodable encoding")
     if base_offset < 0:
@@ -111,9 +142,12 @@ def encode_offset_map(
     high = base_offset if highest_succeeded == -1 else highest_succeeded
     high = max(high, base_offset - 1)
     length = high - base_offset + 1
-    plan = _Candidates(
-        length, range_encoder(base_offset, highest_succeeded, length, incomplete_offsets)
-    )
+    if presorted:
+        assert isinstance(offsets, np.ndarray)
+        ranges = RangeEncoder.of_sorted(base_offset, highest_succeeded, length, offsets)
+    else:
+        ranges = range_encoder(base_offset, highest_succeeded, length, offsets)
+    plan = _Candidates(length, ranges)
     if force is not None:
         data = plan.data(force.plain)
         if data is not None and force.compressed:

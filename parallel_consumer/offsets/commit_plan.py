@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from parallel_consumer.offsets.codec import encode_offset_map
+from sortedcontainers import SortedList
+
+from parallel_consumer.offsets._ranges import sorted_offsets
+from parallel_consumer.offsets.codec import encode_offset_map, encode_sorted_offset_map
 from parallel_consumer.offsets.encoding import OffsetEncoding
 
 __all__ = ["DEFAULT_MAX_METADATA_BYTES", "CommitPlan", "MetadataStatus", "plan_commit"]
@@ -48,20 +51,21 @@ class CommitPlan:
 
 
 def plan_commit(
-    incomplete_offsets: Sequence[int],
+    incomplete_offsets: Iterable[int],
     highest_succeeded: int,
     *,
     max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
     near_limit_ratio: float = 0.75,
     force: OffsetEncoding | None = None,
 ) -> CommitPlan | None:
-    """Plan the commit of one partition from its sorted incomplete offsets.
+    """Plan the commit of one partition from its incomplete offsets.
 
-    ``incomplete_offsets`` is sorted ascending without duplicates (a ``SortedList`` works as is);
-    ``highest_succeeded`` is the highest offset that completed, -1 if none did (it must not itself
-    be in ``incomplete_offsets``: like Java, the map marks it complete). The committed
-    offset is the lowest incomplete offset, or ``highest_succeeded + 1`` when none is incomplete.
-    Returns None when there is nothing to commit (no incompletes and nothing ever succeeded).
+    ``incomplete_offsets`` is any iterable of ints in any order (duplicates count once); a
+    ``SortedList`` or a strictly increasing list is the fast path. ``highest_succeeded`` is the
+    highest offset that completed, -1 if none did (it must not itself be in
+    ``incomplete_offsets``: like Java, the map marks it complete). The committed offset is the
+    lowest incomplete offset, or ``highest_succeeded + 1`` when none is incomplete. Returns None
+    when there is nothing to commit (no incompletes and nothing ever succeeded).
 
     How the engine reacts to :attr:`CommitPlan.status`:
 
@@ -81,14 +85,23 @@ def plan_commit(
         raise ValueError(f"max_metadata_bytes must be > 0, got {max_metadata_bytes}")
     if not 0 < near_limit_ratio <= 1:
         raise ValueError(f"near_limit_ratio must be in (0, 1], got {near_limit_ratio}")
-    if not incomplete_offsets:
+    if type(incomplete_offsets) is SortedList:  # sorted by contract: no copy, no check
+        ordered: Iterable[int] = incomplete_offsets
+        lowest = incomplete_offsets[0] if incomplete_offsets else None
+    else:
+        array = sorted_offsets(incomplete_offsets)
+        ordered, lowest = array, (int(array[0]) if array.size else None)
+    if lowest is None:
         if highest_succeeded < 0:
             return None
         return _plain(highest_succeeded + 1)
-    offset = incomplete_offsets[0]
+    offset = lowest
     if highest_succeeded <= offset:
         return _plain(offset)
-    encoded = encode_offset_map(offset, highest_succeeded, incomplete_offsets, force=force)
+    if ordered is incomplete_offsets:
+        encoded = encode_offset_map(offset, highest_succeeded, ordered, force=force)
+    else:
+        encoded = encode_sorted_offset_map(offset, highest_succeeded, array, force)
     if encoded is None:
         return CommitPlan(
             offset=offset, metadata="", status=MetadataStatus.NO_ENCODING, encoding=None, size=0

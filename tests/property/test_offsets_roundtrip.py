@@ -4,7 +4,9 @@ plain encodings are byte-for-byte those of a naive per-offset reference encoder.
 from __future__ import annotations
 
 import base64
+import random
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import groupby
 
@@ -154,3 +156,34 @@ def test_plain_encodings_match_a_naive_reference_encoder(case: Case) -> None:
         expected = reference_data(encoding, case.length, relative)
         actual = None if encoded is None else base64.b64decode(encoded.metadata)[1:]
         assert actual == expected, encoding
+
+
+CONTAINERS = st.sampled_from(["set", "frozenset", "generator", "shuffled", "duplicated"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases(), CONTAINERS, st.randoms(use_true_random=False))
+def test_any_order_or_container_encodes_like_the_sorted_list(
+    case: Case, container: str, rng: random.Random
+) -> None:
+    # Given the same incomplete offsets in another container, order, or with duplicates
+    offsets: Iterable[int]
+    if container == "set":
+        offsets = set(case.incompletes)
+    elif container == "frozenset":
+        offsets = frozenset(case.incompletes)
+    elif container == "generator":
+        offsets = (o for o in reversed(case.incompletes))
+    else:
+        shuffled = list(case.incompletes)
+        if container == "duplicated":
+            shuffled += rng.choices(case.incompletes, k=len(shuffled)) if shuffled else []
+        rng.shuffle(shuffled)
+        offsets = shuffled
+    materialised = list(offsets)  # a generator can be read only once
+
+    # Then every encoding, and the automatic choice, is the one of the sorted list
+    for force in [None, *DECODABLE]:
+        expected = encode_offset_map(case.base, case.highest, case.incompletes, force=force)
+        source: Iterable[int] = iter(materialised) if container == "generator" else offsets
+        assert encode_offset_map(case.base, case.highest, source, force=force) == expected

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from sortedcontainers import SortedList
 
@@ -99,6 +101,37 @@ def test_plan_metadata_matches_encode_offset_map() -> None:
         encoded.encoding,
         encoded.size,
     )
+
+
+@pytest.mark.parametrize(
+    "incompletes",
+    [
+        pytest.param({103, 100}, id="set"),
+        pytest.param(frozenset({100, 103}), id="frozenset"),
+        pytest.param([103, 100], id="unsorted-list"),
+        pytest.param((103, 100, 103), id="tuple-with-duplicates"),
+        pytest.param(iter([103, 100]), id="iterator"),
+        pytest.param([103, 100, 100], id="list-with-duplicates"),
+    ],
+)
+def test_any_iterable_of_incompletes_plans_like_the_sorted_list(incompletes: Any) -> None:
+    # When the worked example's incomplete set comes unsorted, as a set, or with duplicates
+    plan = plan_commit(incompletes, 105)
+
+    # Then the committed offset is still the lowest incomplete one, with the same map
+    assert plan == plan_commit(SortedList([100, 103]), 105)
+
+
+def test_an_unsorted_list_never_commits_above_its_lowest_offset() -> None:
+    plan = plan_commit([103, 100], 101)
+
+    assert plan is not None
+    assert plan.offset == 100
+
+
+@pytest.mark.parametrize("incompletes", [[], set(), iter(())], ids=["list", "set", "iterator"])
+def test_no_incompletes_in_any_container_commits_the_next_offset(incompletes: Any) -> None:
+    assert plan_commit(incompletes, 41) == plan_commit(SortedList(), 41)
 
 
 @pytest.mark.parametrize(
