@@ -66,6 +66,8 @@ log = logging.getLogger("parallel_consumer")
 FINAL_COMMIT_TIMEOUT = 10.0
 #: How long the poller (and, after a failure, the workers) may take to stop.
 STOP_TIMEOUT = 10.0
+#: A record's failed attempts are logged at INFO, and at WARNING from this attempt on.
+WARN_FROM_ATTEMPT = 3
 
 
 class PollerPort(Protocol):
@@ -407,8 +409,13 @@ class Controller:
         record = RecordContext(item.message, item.attempts, error, item.last_failure_at)
         decision = decide(error, record, finished_at, self._options)
         assert isinstance(decision, RetryAt)
+        if isinstance(error, Retry):
+            level = logging.DEBUG
+        else:
+            # Retries are routine: a record earns a warning once it keeps failing.
+            level = logging.WARNING if item.attempts >= WARN_FROM_ATTEMPT else logging.INFO
         log.log(
-            logging.DEBUG if isinstance(error, Retry) else logging.WARNING,
+            level,
             "%s[%d]@%d failed (attempt %d), retrying in %.3fs: %r",
             *item.tp,
             item.offset,
@@ -444,6 +451,8 @@ class Controller:
         counters = self._counters
         for answer in answers:
             commit = answer.commit
+            state = self._partitions.get(commit.tp)
+            current = state is not None and state.epoch == commit.epoch
             if answer.error is None:
                 counters.commits_acknowledged += 1
             elif answer.permanent:
@@ -453,14 +462,17 @@ class Controller:
                 )
             else:
                 counters.commit_failures += 1
-                log.warning(
-                    "commit of %s[%d]@%d failed (retried at the next interval): %s",
+                # A commit of a partition since revoked fails as a matter of course (the group
+                # moved to a new generation); the revoke's own commit is what counts there.
+                log.log(
+                    logging.WARNING if current else logging.INFO,
+                    "commit of %s[%d]@%d failed (%s): %s",
                     *commit.tp,
                     commit.offset,
+                    "retried at the next interval" if current else "no longer assigned",
                     answer.error,
                 )
-            state = self._partitions.get(commit.tp)
-            if state is not None:
+            if state is not None and current:
                 self._commits.answered(state, answer)
         self._hooks.on_commit(answers)
 

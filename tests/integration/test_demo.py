@@ -50,31 +50,3 @@ def test_demo_processes_everything_in_order_and_commits_to_the_end(kafka, capsys
         if PER_RECORD_RETRY.search(line)
     ]
     assert len(shown) < 5, "\n".join(shown[:20])
-
-
-def _retry_warning(attempt: int) -> logging.LogRecord:
-    return logging.LogRecord(
-        "parallel_consumer",
-        logging.WARNING,
-        __file__,
-        1,
-        "%s[%d]@%d failed (attempt %d), retrying in %.3fs: %r",
-        ("orders", 0, 17, attempt, 0.2, ConnectionError("down")),
-        None,
-    )
-
-
-def test_demo_shows_a_records_retry_warnings_only_once_it_keeps_failing():
-    # Given the demo's filter for the library's warnings, showing retries from attempt 3 on
-    retries = demo.RetryWarnings(from_attempt=3)
-
-    # When a record fails four times, and another warning comes along
-    passed = [retries.filter(_retry_warning(attempt)) for attempt in (1, 2, 3, 4)]
-    other = logging.LogRecord(
-        "parallel_consumer", logging.WARNING, __file__, 1, "commit failed: %s", ("x",), None
-    )
-
-    # Then its first two warnings are only counted, later ones and other warnings are shown
-    assert passed == [False, False, True, True]
-    assert retries.held_back == 2
-    assert retries.filter(other)

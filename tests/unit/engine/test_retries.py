@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import timedelta
 
@@ -174,3 +175,26 @@ def test_a_handler_raising_system_exit_counts_as_a_failure(harness, cluster, clo
     clock.advance(1.5)
     wait_until(lambda: pc.statistics().records_succeeded == 1)
     assert calls == [0, 1]
+
+
+def test_routine_retries_are_logged_quietly_and_a_record_that_keeps_failing_warns(
+    harness, cluster, wait_until, caplog
+):
+    # Given a record that fails three times, then succeeds
+    caplog.set_level(logging.INFO, logger="parallel_consumer")
+    cluster.create_topic("t")
+    cluster.produce("t", b"x", key=b"a")
+    attempts: list[int] = []
+
+    def handle(ctx: PollContext) -> None:
+        attempts.append(ctx.attempts)
+        if ctx.attempts < 3:
+            raise ConnectionError("down")
+
+    pc = harness.make(Options(retry_delay=0))
+    pc.poll(handle)
+    wait_until(lambda: attempts == [0, 1, 2, 3])
+    pc.close()
+    # Then its first two failures are INFO and the third a WARNING
+    levels = [r.levelname for r in caplog.records if "failed (attempt" in r.getMessage()]
+    assert levels == ["INFO", "INFO", "WARNING"]
