@@ -13,6 +13,7 @@ from parallel_consumer.offsets.codec import (
     EncodedOffsetMap,
     decode_offset_map,
     encode_offset_map,
+    read_committed_metadata,
 )
 from parallel_consumer.offsets.commit_plan import (
     DEFAULT_MAX_METADATA_BYTES,
@@ -38,4 +39,5 @@ __all__ = [
     "decode_offset_map",
     "encode_offset_map",
     "plan_commit",
+    "read_committed_metadata",
 ]

@@ -30,6 +30,7 @@ import numpy as np
 from sortedcontainers import SortedList
 
 from parallel_consumer.offsets.bitset import encoded_bitset_size
+from parallel_consumer.offsets.run_length import shortest_written_prefix
 
 __all__ = ["RangeEncoder", "range_encoder", "sorted_offsets"]
 
@@ -137,6 +138,18 @@ class RangeEncoder:
         if self._longest_run > _MAX_RUN[version]:
             return None
         return _WIDTH[version] * runs.size
+
+    def run_length_self_delimiting(self, version: int) -> bool:
+        """True when no proper prefix of the RunLength map, cut on a base64 quantum boundary, is
+        itself a run sequence an encoder writes (see ``run_length.shortest_written_prefix``).
+
+        The payload is ``1 + width * j`` bytes for ``j`` runs; a prefix ends on a quantum
+        boundary when that is a multiple of 3: ``j = 1, 4, 7, ...`` for v1 and ``2, 5, 8, ...``
+        for v2, below the map's own run count.
+        """
+        runs = self._run_array()
+        first = 1 if version == 1 else 2
+        return shortest_written_prefix(runs, range(first, runs.size, 3)) is None
 
     def run_length(self, version: int) -> bytes | None:
         if self.run_length_size(version) is None:

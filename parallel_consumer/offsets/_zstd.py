@@ -8,7 +8,13 @@ import zstandard
 
 from parallel_consumer.offsets.errors import OffsetDecodeError
 
-__all__ = ["MAX_DECOMPRESSED_BYTES", "compress", "decompress", "min_frame_size"]
+__all__ = [
+    "MAX_DECOMPRESSED_BYTES",
+    "compress",
+    "decompress",
+    "decompress_first_frame",
+    "min_frame_size",
+]
 
 #: Decompressed payloads larger than this are rejected (a 16 MiB bitset covers 134M offsets).
 MAX_DECOMPRESSED_BYTES = 16 * 1024 * 1024
@@ -50,13 +56,26 @@ def decompress(frame: bytes) -> bytes:
 
     Raises :class:`OffsetDecodeError` for a corrupt, truncated or oversized frame, or trailing data.
     """
+    data, used = decompress_first_frame(frame)
+    if used < len(frame):
+        raise OffsetDecodeError("unexpected data after the zstd frame")
+    return data
+
+
+def decompress_first_frame(data: bytes) -> tuple[bytes, int]:
+    """Decode the zstd frame at the start of ``data``; returns it decoded and its length.
+
+    Whatever follows the frame is left alone. Raises :class:`OffsetDecodeError` for a corrupt,
+    truncated or oversized frame.
+    """
     decompressor = zstandard.ZstdDecompressor(max_window_size=_MAX_WINDOW)
     stream = decompressor.decompressobj()
     parts: list[bytes] = []
     total = 0
     try:
-        for start in range(0, len(frame), _FEED):
-            part = stream.decompress(frame[start : start + _FEED])
+        for start in range(0, len(data), _FEED):
+            piece = data[start : start + _FEED]
+            part = stream.decompress(piece)
             total += len(part)
             if total > MAX_DECOMPRESSED_BYTES:
                 raise OffsetDecodeError(
@@ -64,11 +83,7 @@ def decompress(frame: bytes) -> bytes:
                 )
             parts.append(part)
             if stream.eof:
-                if stream.unused_data or start + _FEED < len(frame):
-                    raise OffsetDecodeError("unexpected data after the zstd frame")
-                break
+                return b"".join(parts), start + len(piece) - len(stream.unused_data)
     except zstandard.ZstdError as exc:
         raise OffsetDecodeError(f"corrupt zstd payload: {exc}") from exc
-    if not stream.eof:
-        raise OffsetDecodeError("truncated zstd payload")
-    return b"".join(parts)
+    raise OffsetDecodeError("truncated zstd payload")

@@ -8,9 +8,11 @@ Kafka offset is the *base*: relative offset ``r`` in the map is Kafka offset ``b
 from __future__ import annotations
 
 import binascii
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from itertools import chain
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,7 +21,11 @@ from parallel_consumer.offsets._ranges import RangeEncoder, range_encoder
 from parallel_consumer.offsets.bitset import decode_bitset, encoded_bitset_size
 from parallel_consumer.offsets.encoding import OffsetEncoding
 from parallel_consumer.offsets.errors import KafkaStreamsMetadataError, OffsetDecodeError
-from parallel_consumer.offsets.run_length import decode_run_length
+from parallel_consumer.offsets.run_length import (
+    decode_run_length,
+    parse_runs,
+    shortest_written_prefix,
+)
 
 if TYPE_CHECKING:
     from parallel_consumer.offsets._ranges import Int64s
@@ -31,6 +37,7 @@ __all__ = [
     "EncodedOffsetMap",
     "decode_offset_map",
     "encode_offset_map",
+    "read_committed_metadata",
 ]
 
 #: Java compresses only when no plain encoding is under this size; we compress whenever it can win.
@@ -39,6 +46,7 @@ LARGE_ENCODED_SIZE_THRESHOLD_BYTES = 200
 MAX_DECODED_INCOMPLETES = 1 << 20
 
 _MAX_OFFSET = 2**63 - 1
+_WIDTH = {1: 2, 2: 4}
 _KAFKA_STREAMS = frozenset({OffsetEncoding.KAFKA_STREAMS, OffsetEncoding.KAFKA_STREAMS_V2})
 
 # Tie-break among equal sizes, best first: plain before compressed (cheaper to read), v1 before v2
@@ -54,6 +62,7 @@ _PREFERENCE = (
     OffsetEncoding.RUN_LENGTH_V2_COMPRESSED,
 )
 _RANK = {encoding: rank for rank, encoding in enumerate(_PREFERENCE)}
+_NEVER = 2**63  # larger than any size or rank
 _COMPRESSED = {encoding.plain: encoding for encoding in _PREFERENCE if encoding.compressed}
 
 
@@ -156,18 +165,151 @@ def _encode(
     return plan.smallest()
 
 
-def decode_offset_map(committed_offset: int, metadata: str) -> DecodedOffsetMap:
+def decode_offset_map(
+    committed_offset: int, metadata: str, *, exact: bool = False
+) -> DecodedOffsetMap:
     """Decode a committed offset and its metadata string (any decodable encoding, Java's or ours).
 
     Empty metadata means no map: ``highest_seen = committed_offset - 1`` and nothing incomplete.
     Raises :class:`KafkaStreamsMetadataError` for Kafka Streams metadata and
-    :class:`OffsetDecodeError` for anything else malformed.
+    :class:`OffsetDecodeError` for anything else that is not an offset map.
+
+    By default the metadata may carry stray characters after the map, as confluent-kafka returns
+    maps written by the Java library (see ``docs/offset-metadata.md``): the map is cut out of the
+    string exactly where that can be told, and otherwise read so that no offset counts as
+    finished unless the writer marked it finished. Only layouts an encoder writes are accepted.
+    ``exact=True`` reads the whole string as the map, with Java's leniency (missing padding,
+    short bit sets): for strings known to be exactly what was committed, such as the output of
+    :func:`encode_offset_map` or metadata read with the Java client.
     """
     if committed_offset < 0:
         raise OffsetDecodeError(f"committed offset must be >= 0, got {committed_offset}")
     if not metadata:
         return DecodedOffsetMap(committed_offset, committed_offset - 1, (), None)
-    payload = _b64decode(metadata)
+    if exact:
+        payload = _b64decode(metadata)
+        encoding = _encoding_of(payload)
+        data = payload[1:]
+        if encoding.compressed:
+            data = _zstd.decompress(data)
+        return _decoded(committed_offset, encoding, data)
+    return _decode_read_back(committed_offset, metadata)
+
+
+def read_committed_metadata(partition: Any) -> str | None:
+    """The ``metadata`` of a confluent-kafka ``TopicPartition`` from ``committed()``, never raising.
+
+    confluent-kafka reads the metadata of a map the Java client committed past its end, up to the
+    next NUL byte in memory (see below). When those stray bytes are not valid UTF-8, reading the
+    attribute raises ``UnicodeDecodeError``; this returns the text before the first invalid byte
+    instead, which holds the whole map (a map is ASCII) for :func:`decode_offset_map` to find.
+    """
+    try:
+        metadata: str | None = partition.metadata
+    except UnicodeDecodeError as exc:
+        return bytes(exc.object[: exc.start]).decode("utf-8")
+    return metadata
+
+
+# Reading a map back with stray trailing characters
+# -------------------------------------------------
+# confluent-kafka hands metadata to Python as a C string: librdkafka copies the committed bytes
+# into a buffer of exactly their length, without a terminating NUL, and the binding reads it with
+# strdup(), so a map the Java client committed comes back followed by whatever bytes lie after
+# that buffer, up to the first NUL. Those stray bytes are unknown; the map in front of them is one
+# an encoder wrote, and what writers produce is narrow:
+#
+# * standard base64 with '=' padding: the map's length is a multiple of 4 and '=' appears only
+#   in its last quantum. So it ends at or before the first character outside the alphabet
+#   (NUL included), and at or before the end of the quantum holding the first '='. Everything
+#   after that cut is certainly stray and dropped; the map is one of the prefixes of what is
+#   left that end on a quantum boundary: the *candidates*.
+# * the payload inside has exactly the layout an encoder writes. BitSet: the length field fixes
+#   the data size (width + ceil(length / 8) + 1 bytes), so at most one candidate has it.
+#   Compressed: a zstd frame ends where it ends, so at most one candidate ends with the frame.
+#   Either way that candidate is the map, whatever follows it: the decoding is exact.
+# * RunLength has no count header: a written map cut after an even number of runs is again a
+#   map an encoder could write ([0], or an even count, the first run >= 0, the others >= 1).
+#   Where several candidates have that shape, the bytes cannot tell which one was written, and
+#   the decoding must mark an offset finished only if every candidate does. Candidates of one
+#   string are prefixes of each other with the same runs, so each one's finished set contains
+#   the shorter ones': the intersection is exactly the shortest candidate, and that is what is
+#   decoded. It is exact when the map has no shorter candidate of that shape. Our encoder never
+#   chooses a plain RunLength map that has one (see ``_Candidates.smallest``), so everything
+#   this library commits reads back exactly; a Java map of that kind reads back conservatively:
+#   the records after the shortest candidate are processed again, none is skipped.
+#
+# No candidate of a written shape means the string is not a map an encoder wrote (or is hostile):
+# OffsetDecodeError, and the consumer replays from the committed offset.
+
+_NOT_BASE64 = re.compile("[^A-Za-z0-9+/=]")
+
+
+def _decode_read_back(base: int, metadata: str) -> DecodedOffsetMap:
+    payload, clean = _candidate_payload(metadata)
+    encoding = _encoding_of(payload)
+
+    def is_candidate(end: int) -> bool:
+        """True when the payload's first ``end`` bytes are a candidate's whole payload."""
+        return end == len(payload) or (end % 3 == 0 and end <= clean)
+
+    if encoding.compressed:
+        data, used = _zstd.decompress_first_frame(payload[1:])
+        if not is_candidate(1 + used):
+            raise OffsetDecodeError("unexpected data after the zstd frame")
+        return _decoded(base, encoding, data)
+    width = _WIDTH[encoding.version]
+    if encoding.is_bitset:
+        if len(payload) < 1 + width:
+            raise OffsetDecodeError(f"BitSet v{encoding.version} data is truncated")
+        length = int.from_bytes(payload[1 : 1 + width], "big", signed=True)
+        size = encoded_bitset_size(length, encoding.version)
+        if size is None or not is_candidate(1 + size):
+            raise OffsetDecodeError(
+                f"no BitSet v{encoding.version} map of length {length} is at the start of the "
+                f"metadata ({len(payload) - 1} data bytes; an encoder writes {size})"
+            )
+        return _decoded(base, encoding, payload[1 : 1 + size])
+    runs = parse_runs(payload[1:], encoding.version)
+    ends = chain(range(3, clean + 1, 3), [len(payload)] if len(payload) > clean else [])
+    counts = ((end - 1) // width for end in ends if (end - 1) % width == 0)
+    count = shortest_written_prefix(runs, counts)
+    if count is None:
+        raise OffsetDecodeError(
+            f"no RunLength v{encoding.version} map an encoder writes is at the start of the "
+            "metadata (runs of the wrong count or length)"
+        )
+    return _decoded(base, encoding, payload[1 : 1 + width * count])
+
+
+def _candidate_payload(metadata: str) -> tuple[bytes, int]:
+    """The bytes of the longest candidate, and how many of them come from unpadded quanta.
+
+    Every candidate's payload is a prefix of these bytes: ``3 * q`` bytes for each clean quantum
+    count ``q``, and all of them when the last quantum is padded, or short at the very end of the
+    string (Java accepts missing padding, so such a string may still be a whole map).
+    """
+    stray = _NOT_BASE64.search(metadata)
+    text = metadata if stray is None else metadata[: stray.start()]
+    pad = text.find("=")
+    clean = len(text) // 4 if pad < 0 else pad // 4
+    if pad >= 0:
+        text = text[: (pad // 4 + 1) * 4]
+    head = binascii.a2b_base64(text[: 4 * clean], strict_mode=True)
+    last = text[4 * clean :]
+    if stray is not None and "=" not in last:
+        last = ""  # a map is whole quanta: a short one cut off by a stray character is not in it
+    try:
+        tail = binascii.a2b_base64(last + "=" * (-len(last) % 4), strict_mode=True)
+    except (binascii.Error, ValueError):
+        tail = b""
+    payload = head + tail
+    if not payload:
+        raise OffsetDecodeError("offset metadata does not start with base64")
+    return payload, len(head)
+
+
+def _encoding_of(payload: bytes) -> OffsetEncoding:
     encoding = OffsetEncoding.from_magic(payload[0])
     if encoding is None:
         raise OffsetDecodeError(f"unknown offset map magic byte 0x{payload[0]:02X}")
@@ -177,16 +319,18 @@ def decode_offset_map(committed_offset: int, metadata: str) -> DecodedOffsetMap:
         )
     if not encoding.decodable:
         raise OffsetDecodeError(f"{encoding.name} offset maps cannot be decoded (as in Java)")
-    data = payload[1:]
-    if encoding.compressed:
-        data = _zstd.decompress(data)
+    return encoding
+
+
+def _decoded(base: int, encoding: OffsetEncoding, data: bytes) -> DecodedOffsetMap:
+    """Decode the (uncompressed) encoder data of ``encoding`` relative to ``base``."""
     decode = decode_bitset if encoding.is_bitset else decode_run_length
     highest_seen, incomplete = decode(
-        data, encoding.version, committed_offset, max_incompletes=MAX_DECODED_INCOMPLETES
+        data, encoding.version, base, max_incompletes=MAX_DECODED_INCOMPLETES
     )
     if highest_seen > _MAX_OFFSET:
         raise OffsetDecodeError(f"offset map ends beyond the largest Kafka offset: {highest_seen}")
-    return DecodedOffsetMap(committed_offset, highest_seen, incomplete, encoding)
+    return DecodedOffsetMap(base, highest_seen, incomplete, encoding)
 
 
 class _Candidates:
@@ -210,13 +354,22 @@ class _Candidates:
                 self._built[encoding] = self._ranges.run_length(encoding.version)
         return self._built[encoding]
 
+    def reads_back_exactly(self, encoding: OffsetEncoding) -> bool:
+        """False for a plain RunLength map that has a shorter prefix of a written shape, which a
+        reader that must allow for stray trailing characters decodes conservatively."""
+        return encoding.is_bitset or self._ranges.run_length_self_delimiting(encoding.version)
+
     def smallest(self) -> EncodedOffsetMap | None:
         # Sizes of the plain forms are known without building them.
         sized = [(size, _RANK[e], e) for e in _PREFERENCE[:4] if (size := self.size(e)) is not None]
         if not sized:
             return None
         sized.sort()
-        best_size, best_rank, best = sized[0]
+        # The smallest plain form that reads back exactly (see _decode_read_back) starts as the
+        # winner; when none does, some compressed form wins below (every plain form has one).
+        best_size, best_rank, best = next(
+            (c for c in sized if self.reads_back_exactly(c[2])), (_NEVER, _NEVER, sized[0][2])
+        )
         best_data: bytes | None = None
         # Compress from the smallest plain form up, skipping any whose best possible frame
         # could not beat (or tie with a better rank than) the current winner.

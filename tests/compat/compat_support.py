@@ -15,12 +15,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import zstandard
 
 from parallel_consumer.offsets import (
+    DecodedOffsetMap,
     OffsetEncoding,
     decode_offset_map,
     encode_offset_map,
@@ -116,7 +118,7 @@ def check_java_encoded(entry: Vector) -> list[str]:
             continue
         if ours is None or java is None:
             continue
-        decoded = decode_offset_map(base, java["metadata"])
+        decoded = decode_offset_map(base, java["metadata"], exact=True)
         java_decoded = java["java_decoded"]
         if "error" in java_decoded:
             problems.append(f"{name}/{encoding.name}: Java cannot decode its own output")
@@ -131,6 +133,7 @@ def check_java_encoded(entry: Vector) -> list[str]:
                 f"{name}/{encoding.name}: highest_seen {decoded.highest_seen} "
                 f"!= Java {java_decoded['highest_seen']}"
             )
+        problems += check_read_back(name, encoding, base, java["metadata"], decoded)
         if encoding.compressed:
             if plain_bytes(ours.metadata) != plain_bytes(java["metadata"]):
                 problems.append(f"{name}/{encoding.name}: decompressed bytes differ from Java's")
@@ -142,8 +145,36 @@ def check_java_encoded(entry: Vector) -> list[str]:
     if entry["java_choice"] is None:
         if chosen is not None:
             problems.append(f"{name}: Java could not encode, we chose {chosen.encoding.name}")
-    elif chosen is None or chosen.size > len(entry["java_choice_metadata"]):
+    elif chosen is None:
+        problems.append(f"{name}: Java chose {entry['java_choice']}, we could not encode")
+    elif chosen.size > len(entry["java_choice_metadata"]) and reads_back_exactly(
+        base, entry["java_choice_metadata"]
+    ):
+        # Larger than Java's pick only where Java's is a plain RunLength map that a reader
+        # allowing for stray characters cannot tell from its own prefix (we never pick those).
         problems.append(f"{name}: our choice {chosen} is larger than Java's {entry['java_choice']}")
+    return problems
+
+
+def reads_back_exactly(base: int, metadata: str) -> bool:
+    """True when the map decodes the same read back (stray characters allowed) as exactly."""
+    return decode_offset_map(base, metadata) == decode_offset_map(base, metadata, exact=True)
+
+
+def check_read_back(
+    name: str, encoding: OffsetEncoding, base: int, metadata: str, exact: DecodedOffsetMap
+) -> list[str]:
+    """Java's map read back as confluent-kafka returns it, followed by stray characters: exact for
+    everything but plain RunLength, and never more finished than Java wrote."""
+    problems = []
+    for tail in ("", "\x00", "!", "AAAA", "\x01\x02"):
+        decoded = decode_offset_map(base, metadata + tail)
+        if not encoding.plain.is_bitset and not encoding.compressed:
+            within = {o for o in exact.incomplete if o <= decoded.highest_seen}
+            if decoded.highest_seen > exact.highest_seen or not within <= set(decoded.incomplete):
+                problems.append(f"{name}/{encoding.name}: read back with {tail!r} finishes more")
+        elif decoded != exact:
+            problems.append(f"{name}/{encoding.name}: read back with {tail!r} is not exact")
     return problems
 
 
@@ -166,7 +197,7 @@ def decode_requests() -> list[Vector]:
             )
             if encoded is None:
                 continue
-            decoded = decode_offset_map(item["base"], encoded.metadata)
+            decoded = decode_offset_map(item["base"], encoded.metadata, exact=True)
             requests.append(
                 {
                     "name": f"{item['name']}/{encoded.encoding.name}",
@@ -224,6 +255,68 @@ def run_harness(mode: str, items: list[Vector]) -> list[Vector]:
         )
         result: list[Vector] = json.loads(target.read_text())
     return result
+
+
+HAND_OVER_CLASS = "io.confluent.parallelconsumer.offsets.HandOverRunner"
+
+
+def run_java_consumer(
+    bootstrap: str,
+    topic: str,
+    group: str,
+    *,
+    ordering: str,
+    failing: Iterable[tuple[int, int]] = (),
+    until_succeeded: int | None = None,
+    timeout: float = 45.0,
+) -> tuple[Vector, str]:
+    """Run the real Java Parallel Consumer (``HandOverRunner``) on ``topic`` for ``group``.
+
+    Its handler throws for every (partition, offset) in ``failing``, so those stay unfinished.
+    It closes (committing the offset and the offset map) once ``until_succeeded`` records
+    succeeded, or, when that is None, once the group's commit reached the end of every
+    partition with no work left. Returns its report (``processed``: [partition, offset] in the
+    order they succeeded; ``committed_before`` / ``committed``: the group's commit as the Java
+    client reads it, with Java's decoding) and its log (warnings and errors).
+    """
+    classpath = build_harness()
+    with tempfile.TemporaryDirectory() as tmp:
+        fail_file, out = Path(tmp) / "fail.txt", Path(tmp) / "out.json"
+        fail_file.write_text("".join(f"{p} {o}\n" for p, o in sorted(failing)))
+        command = [
+            "java",
+            "-Xmx256m",
+            "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+            "-cp",
+            classpath,
+            HAND_OVER_CLASS,
+            "--bootstrap",
+            bootstrap,
+            "--topic",
+            topic,
+            "--group",
+            group,
+            "--ordering",
+            ordering,
+            "--fail",
+            str(fail_file),
+            "--timeout",
+            str(int(timeout)),
+            "--out",
+            str(out),
+        ]
+        command += (
+            ["--until-committed-end"]
+            if until_succeeded is None
+            else ["--until-succeeded", str(until_succeeded)]
+        )
+        # The runner stops itself at its own timeout; this one only guards against a hung JVM
+        # (subprocess.run kills it on expiry).
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout + 60)
+        if done.returncode != 0:
+            raise RuntimeError(f"HandOverRunner failed ({done.returncode}): {done.stderr[-3000:]}")
+        report: Vector = json.loads(out.read_text())
+    return report, done.stderr
 
 
 def dump_vectors(entries: list[Vector]) -> str:

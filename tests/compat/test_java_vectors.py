@@ -2,9 +2,10 @@
 
 ``java_vectors.json`` was produced by ``parallel-consumer-core`` 0.5.3.3 through the harness in
 ``java/`` (regenerate with ``python tests/compat/compat_support.py``). For every vector and every
-encoding Java produced, our decoder must agree with Java's own decoding, our forced encoding must
-be byte-identical (after decompression for the zstd kinds), and our automatic choice must be no
-larger than Java's.
+encoding Java produced, our decoder must agree with Java's own decoding (and, read back with stray
+characters as confluent-kafka returns it, be exact or, for plain RunLength, never finish more),
+our forced encoding must be byte-identical (after decompression for the zstd kinds), and our
+automatic choice must be no larger than Java's unless Java's does not read back exactly.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Property tests: decoding arbitrary input raises only OffsetDecodeError, quickly and in bounded
-memory, and commit planning never marks an incomplete offset as done."""
+"""Property tests: decoding arbitrary input, exactly or as read back, raises only
+OffsetDecodeError, quickly and in bounded memory, and commit planning never marks an incomplete
+offset as done."""
 
 from __future__ import annotations
 
@@ -27,14 +28,19 @@ COMMITTED = st.one_of(st.just(0), st.integers(0, 2**63 - 1))
 
 
 def decode_or_reject(committed: int, metadata: str) -> DecodedOffsetMap | None:
-    try:
-        decoded = decode_offset_map(committed, metadata)
-    except OffsetDecodeError:
-        return None
-    assert len(decoded.incomplete) <= MAX_DECODED_INCOMPLETES
-    assert list(decoded.incomplete) == sorted(set(decoded.incomplete))
-    assert all(committed <= o <= decoded.highest_seen for o in decoded.incomplete)
-    return decoded
+    """Decode both ways (exactly, and as read back with possible stray characters)."""
+    results = []
+    for exact in (True, False):
+        try:
+            decoded = decode_offset_map(committed, metadata, exact=exact)
+        except OffsetDecodeError:
+            results.append(None)
+            continue
+        assert len(decoded.incomplete) <= MAX_DECODED_INCOMPLETES
+        assert list(decoded.incomplete) == sorted(set(decoded.incomplete))
+        assert all(committed <= o <= decoded.highest_seen for o in decoded.incomplete)
+        results.append(decoded)
+    return results[0]
 
 
 @settings(max_examples=1000, deadline=None)
@@ -80,8 +86,11 @@ def test_hostile_length_fields_are_bounded(magic: int, field: int, tail: bytes) 
     decode_or_reject(5, base64.b64encode(bytes((magic,)) + body).decode())
 
 
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "read-back"])
 @pytest.mark.parametrize("magic", [0x6F, 0x73])
-def test_int32_max_bitset_length_over_five_bytes_uses_little_memory(magic: int) -> None:
+def test_int32_max_bitset_length_over_five_bytes_uses_little_memory(
+    magic: int, exact: bool
+) -> None:
     body = (2**31 - 1).to_bytes(4, "big") + b"\xff"
     if magic == 0x73:
         body = zstandard.ZstdCompressor().compress(body)
@@ -89,8 +98,9 @@ def test_int32_max_bitset_length_over_five_bytes_uses_little_memory(magic: int) 
 
     tracemalloc.start()
     try:
-        with pytest.raises(OffsetDecodeError, match="limit"):
-            decode_offset_map(0, metadata)
+        # exact: over the incomplete limit; read back: no encoder writes 5 bytes for that length
+        with pytest.raises(OffsetDecodeError, match="limit" if exact else "BitSet v2"):
+            decode_offset_map(0, metadata, exact=exact)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

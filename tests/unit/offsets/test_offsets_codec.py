@@ -20,6 +20,7 @@ from parallel_consumer.offsets import (
     OffsetEncoding,
     decode_offset_map,
     encode_offset_map,
+    read_committed_metadata,
 )
 from parallel_consumer.offsets._ranges import range_encoder
 from parallel_consumer.offsets.bitset import decode_bitset
@@ -80,15 +81,21 @@ def test_worked_example_forced_matches_the_notes(
     assert encoded.metadata == metadata
 
 
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "read-back"])
 @pytest.mark.parametrize("encoding", DECODABLE, ids=lambda e: e.name)
-def test_worked_example_decodes_with_every_encoding(encoding: OffsetEncoding) -> None:
+def test_worked_example_decodes_with_every_encoding(encoding: OffsetEncoding, exact: bool) -> None:
     encoded = encode_offset_map(100, 105, [100, 103], force=encoding)
     assert encoded is not None
 
-    decoded = decode_offset_map(100, encoded.metadata)
+    decoded = decode_offset_map(100, encoded.metadata, exact=exact)
 
-    assert decoded.incomplete == (100, 103)
-    assert decoded.highest_seen == 105
+    if encoding is OffsetEncoding.RUN_LENGTH_V2 and not exact:
+        # Its first two runs [1, 2] end on a base64 boundary and are a map of their own: a
+        # reader that allows for stray trailing characters cannot tell, and keeps to them.
+        assert (decoded.incomplete, decoded.highest_seen) == ((100,), 102)
+    else:
+        assert decoded.incomplete == (100, 103)
+        assert decoded.highest_seen == 105
     assert decoded.base == 100
     assert decoded.encoding is encoding
 
@@ -274,7 +281,7 @@ def test_unsorted_offsets_are_never_dropped(force: OffsetEncoding | None) -> Non
 
     # Then both incomplete offsets of the range are in the map
     assert encoded is not None
-    assert decode_offset_map(0, encoded.metadata).incomplete == (3, 5)
+    assert decode_offset_map(0, encoded.metadata, exact=True).incomplete == (3, 5)
 
 
 @pytest.mark.parametrize("force", [None, OffsetEncoding.RUN_LENGTH, OffsetEncoding.BIT_SET])
@@ -372,9 +379,14 @@ def test_run_length_highest_seen_starts_at_zero_for_base_zero() -> None:
 
 
 def test_run_length_with_no_runs_decodes_like_java() -> None:
-    decoded = decode_offset_map(5, b64(b"\x6e"))
+    decoded = decode_offset_map(5, b64(b"\x6e"), exact=True)
     assert decoded.incomplete == ()
     assert decoded.highest_seen == 4
+
+
+def test_run_length_with_no_runs_is_not_a_map_an_encoder_writes() -> None:
+    with pytest.raises(OffsetDecodeError, match="RunLength"):
+        decode_offset_map(5, b64(b"\x6e"))
 
 
 def test_missing_base64_padding_is_accepted_like_java() -> None:
@@ -434,16 +446,119 @@ BOMB = zstandard.ZstdCompressor(level=19).compress(bytes(20 * 1024 * 1024))
 )
 def test_malformed_metadata_raises_offset_decode_error(metadata: str, message: str) -> None:
     with pytest.raises(OffsetDecodeError, match=message):
-        decode_offset_map(100, metadata)
+        decode_offset_map(100, metadata, exact=True)
+    if metadata != "bAAGNgA=x":  # read back, "x" is a stray character after a whole map
+        with pytest.raises(OffsetDecodeError):
+            decode_offset_map(100, metadata)
 
 
 def test_hostile_bitset_length_is_bounded_by_the_incomplete_limit() -> None:
     just_fits = b64(b"\x6f" + MAX_DECODED_INCOMPLETES.to_bytes(4, "big"))
-    assert len(decode_offset_map(0, just_fits).incomplete) == MAX_DECODED_INCOMPLETES
+    assert len(decode_offset_map(0, just_fits, exact=True).incomplete) == MAX_DECODED_INCOMPLETES
 
     too_many = b64(b"\x6f" + (MAX_DECODED_INCOMPLETES + 1).to_bytes(4, "big"))
     with pytest.raises(OffsetDecodeError, match="limit"):
-        decode_offset_map(0, too_many)
+        decode_offset_map(0, too_many, exact=True)
+
+
+def test_a_bitset_shorter_than_an_encoder_writes_is_refused_when_read_back() -> None:
+    # Java reads the missing bits as incomplete; read back, the short buffer may be a longer map
+    # cut by the reader, so it is not taken as one.
+    short = b64(b"\x6f" + MAX_DECODED_INCOMPLETES.to_bytes(4, "big"))
+    with pytest.raises(OffsetDecodeError, match="BitSet v2"):
+        decode_offset_map(0, short)
+
+
+# --- Reading back with stray trailing characters (issue 9, bug 8) ---
+# confluent-kafka returns a map the Java client committed followed by whatever bytes follow it
+# in memory, up to a NUL (docs/offset-metadata.md).
+
+
+@pytest.mark.parametrize(
+    "tail", ["\x00", "!", "\x00garbage", "\x01AAAA", "=", "==", "é", "\n", "AAAA", "ABAHc=", "x"]
+)
+def test_a_padded_map_with_stray_characters_decodes_exactly(tail: str) -> None:
+    # "bAAGNgA=" ends with padding: nothing after its last quantum can belong to it
+    decoded = decode_offset_map(100, "bAAGNgA=" + tail)
+
+    assert (decoded.incomplete, decoded.highest_seen) == ((100, 103), 105)
+
+
+@pytest.mark.parametrize("tail", ["\x00", "!", "\x00AAAA", "=", "=AAA", "é!", "\r\n"])
+def test_an_unpadded_map_cut_by_a_non_base64_character_decodes_exactly(tail: str) -> None:
+    # BitSet v1 over 100..115 with 100, 103 and 110 incomplete: 6 payload bytes, no padding
+    encoded = encode_offset_map(100, 115, [100, 103, 110], force=OffsetEncoding.BIT_SET)
+    assert encoded is not None
+    assert "=" not in encoded.metadata
+
+    decoded = decode_offset_map(100, encoded.metadata + tail)
+
+    assert (decoded.incomplete, decoded.highest_seen) == ((100, 103, 110), 115)
+
+
+@pytest.mark.parametrize(
+    "encoding",
+    [e for e in DECODABLE if e.compressed or e.is_bitset],
+    ids=lambda e: e.name,
+)
+@pytest.mark.parametrize("tail", ["", "AAAA", "QUFBQUFB", "////", "AAAAAAAAAAAAAAAA", "AB", "Zm8="])
+def test_self_delimiting_maps_decode_exactly_even_with_base64_tails(
+    encoding: OffsetEncoding, tail: str
+) -> None:
+    # A BitSet's length field fixes its size and a zstd frame ends where it ends, so even stray
+    # characters that are themselves base64 cannot be mistaken for part of the map
+    encoded = encode_offset_map(1_000, 1_090, [1_000, 1_001, 1_050], force=encoding)
+    assert encoded is not None
+
+    decoded = decode_offset_map(1_000, encoded.metadata + tail)
+
+    assert decoded == decode_offset_map(1_000, encoded.metadata, exact=True)
+
+
+def test_a_run_length_map_followed_by_more_runs_keeps_to_the_runs_it_is_sure_of() -> None:
+    # Given a written RunLength v1 map of 4 runs (9 payload bytes, 12 characters, no padding)
+    short = encode_offset_map(0, 20, [0, 1, 2, 10], force=OffsetEncoding.RUN_LENGTH)
+    assert short is not None
+    assert payload(short.metadata) == bytes.fromhex("6E 0003 0007 0001 000A")
+    # ... read back followed by characters that happen to encode two more runs, [5, 9]
+    longer = short.metadata + b64(bytes.fromhex("0005 0009"))
+
+    # Then nothing past the short map counts as finished: exactly the short map is decoded,
+    # although the longer string is itself a map an encoder could write
+    assert decode_offset_map(0, longer) == decode_offset_map(0, short.metadata, exact=True)
+    assert decode_offset_map(0, longer, exact=True).highest_seen == 34
+
+
+def test_our_encoder_never_chooses_a_run_length_map_that_reads_back_conservatively() -> None:
+    # Given the engine's restart test case: offsets 3, 17, 42 and 500 unfinished up to 599.
+    # Plain RunLength v1 would be the smallest (8 runs, 17 bytes), but its first 4 runs are
+    # a map of their own; the compressed form is self-delimiting.
+    incompletes = [3, 17, 42, 500]
+    plain = encode_offset_map(3, 599, incompletes, force=OffsetEncoding.RUN_LENGTH)
+    assert plain is not None
+    assert decode_offset_map(3, plain.metadata).incomplete == (3, 17)  # conservative
+
+    chosen = encode_offset_map(3, 599, incompletes)
+
+    assert chosen is not None
+    assert chosen.encoding is OffsetEncoding.RUN_LENGTH_COMPRESSED
+    assert chosen.size > plain.size
+    decoded = decode_offset_map(3, chosen.metadata + "!")
+    assert (decoded.incomplete, decoded.highest_seen) == (tuple(incompletes), 599)
+
+
+def test_a_short_plain_run_length_map_is_still_chosen_when_it_reads_back_exactly() -> None:
+    # [1, 2, 1, 2] v1: the 1-run prefix [1] is no written map, so the 9 bytes are unambiguous
+    encoded = encode_offset_map(100, 105, [100, 103], force=OffsetEncoding.RUN_LENGTH)
+    assert encoded is not None
+
+    assert decode_offset_map(100, encoded.metadata + "AAAA").incomplete == (100, 103)
+
+
+@pytest.mark.parametrize("metadata", ["!", "\x00bAAGNgA=", " bAAGNgA=", "=bAAGNgA", "é"])
+def test_metadata_that_does_not_start_with_a_map_is_refused(metadata: str) -> None:
+    with pytest.raises(OffsetDecodeError):
+        decode_offset_map(100, metadata)
 
 
 def test_map_ending_beyond_int64_is_rejected() -> None:
@@ -454,3 +569,34 @@ def test_map_ending_beyond_int64_is_rejected() -> None:
 def test_negative_committed_offset_is_rejected() -> None:
     with pytest.raises(OffsetDecodeError):
         decode_offset_map(-1, "bAAGNgA=")
+
+
+class _CommittedPartition:
+    """Stands in for a confluent-kafka TopicPartition whose metadata bytes are not all UTF-8."""
+
+    def __init__(self, raw: bytes | None) -> None:
+        self._raw = raw
+
+    @property
+    def metadata(self) -> str | None:
+        return None if self._raw is None else self._raw.decode("utf-8")
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (None, None),
+        (b"bAAGNgA=", "bAAGNgA="),
+        (b"bAAGNgA=!", "bAAGNgA=!"),
+        (b"bAAGNgA=\xe3\x7f", "bAAGNgA="),  # seen in the hand-over test: not UTF-8
+        (b"bAAGNgA=A\xffB", "bAAGNgA=A"),
+    ],
+)
+def test_committed_metadata_is_read_even_when_stray_bytes_are_not_utf8(
+    raw: bytes | None, expected: str | None
+) -> None:
+    metadata = read_committed_metadata(_CommittedPartition(raw))
+
+    assert metadata == expected
+    if metadata is not None:
+        assert decode_offset_map(100, metadata).incomplete == (100, 103)
