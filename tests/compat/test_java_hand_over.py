@@ -1,0 +1,308 @@
+"""A consumer group handed over between this library and the real Java Parallel Consumer, through a
+real broker, in both directions (``compat`` marker; needs java, mvn and the ``kafka`` fixture).
+
+Each test processes a topic with one library, leaving a known set of records unfinished (their
+handler keeps failing), closes it (which commits the offset and the offset map), and lets the other
+library take the group over. "Re-run" counts records the second library processed although the
+first had finished them; "lost" counts unfinished records the second one never processed. The
+figures are printed (``pytest -s``) so they can be quoted; ``docs/offset-metadata.md`` has them.
+
+The byte layouts are identical (``test_java_compat.py``); what these tests see is the transport:
+confluent-kafka passes commit metadata as a C string, see ``docs/offset-metadata.md``.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from compat_support import java_tools_missing, run_java_consumer
+from confluent_kafka import Consumer, TopicPartition
+
+from parallel_consumer import Options, ParallelConsumer, PollContext, ProcessingOrder, Retry
+from parallel_consumer.offsets import decode_offset_map, read_committed_metadata
+from parallel_consumer.testing import produce_records
+from parallel_consumer.testing.pytest_plugin import KafkaBroker, TopicFactory
+
+pytestmark = [
+    pytest.mark.compat,
+    pytest.mark.kafka_requires("commit_metadata"),
+    pytest.mark.skipif(
+        java_tools_missing() is not None,
+        reason=f"the Java Parallel Consumer needs java and mvn: {java_tools_missing()}",
+    ),
+]
+
+RECORDS = 5_000
+PARTITIONS = 2
+Record = tuple[int, int]  # (partition, offset)
+
+
+def produce(kafka: KafkaBroker, topic: TopicFactory) -> tuple[str, set[Record]]:
+    """A topic of RECORDS records over PARTITIONS partitions, each with its own key."""
+    name = topic(PARTITIONS)
+    written = produce_records(
+        kafka.bootstrap_servers,
+        name,
+        RECORDS,
+        keys=[f"key-{i}" for i in range(RECORDS)],
+        partitions=list(range(PARTITIONS)),
+    )
+    return name, {(r.partition, r.offset) for r in written}
+
+
+def pick_unfinished(records: set[Record], count: int, seed: int) -> set[Record]:
+    return set(random.Random(seed).sample(sorted(records), count))
+
+
+def wait_until(condition: Callable[[], object], *, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+class PythonConsumer:
+    """A ParallelConsumer of this library whose handler records what it processed and never
+    finishes the records in ``failing`` (it raises Retry with an hour's delay)."""
+
+    def __init__(self, config: dict[str, Any], topic: str, failing: set[Record]) -> None:
+        self.processed: set[Record] = set()
+        self._lock = threading.Lock()
+        self._failing = failing
+        self.pc = ParallelConsumer(
+            config,
+            Options(ordering=ProcessingOrder.KEY, max_concurrency=8, commit_interval=0.2),
+        )
+        self.pc.subscribe([topic])
+        self.pc.poll(self._handle)
+
+    def _handle(self, ctx: PollContext) -> None:
+        record = (ctx.partition, ctx.offset)
+        if record in self._failing:
+            raise Retry("deliberately unfinished", delay=3600)
+        with self._lock:
+            self.processed.add(record)
+
+    def close(self, *, drain: bool) -> None:
+        self.pc.close(drain=drain, timeout=5.0)
+
+
+@pytest.fixture
+def python_consumers() -> Iterator[list[PythonConsumer]]:
+    """Every PythonConsumer a test starts is closed at its end, whatever happened."""
+    started: list[PythonConsumer] = []
+    yield started
+    for consumer in started:
+        try:
+            consumer.close(drain=False)
+        except Exception as exc:  # already closed, or failed: report, do not mask the test
+            print(f"closing {consumer.pc!r} at the end of the test: {exc!r}")
+
+
+def committed_as_confluent_kafka_reads_it(
+    config: dict[str, Any], topic: str
+) -> dict[int, tuple[int, str | None, str | None]]:
+    """partition -> (offset, metadata, error): the commit as confluent-kafka returns it (the
+    error when reading ``metadata`` raised, and then what ``read_committed_metadata`` keeps)."""
+    consumer = Consumer({k: config[k] for k in ("bootstrap.servers", "group.id")})
+    try:
+        answer = consumer.committed(
+            [TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=15
+        )
+        result = {}
+        for tp in answer:
+            error = None
+            try:
+                _ = tp.metadata
+            except UnicodeDecodeError as exc:  # stray bytes that are not UTF-8
+                error = repr(exc)
+            result[tp.partition] = (tp.offset, read_committed_metadata(tp), error)
+        return result
+    finally:
+        consumer.close()
+
+
+def caused_by_unicode_decode_error(error: BaseException | None) -> bool:
+    while error is not None:
+        if isinstance(error, UnicodeDecodeError):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def report(direction: str, records: int, unfinished: set[Record], processed: set[Record]) -> None:
+    rerun, lost = processed - unfinished, unfinished - processed
+    print(
+        f"\n{direction}: records {records}, left unfinished {len(unfinished)}, "
+        f"processed by the new owner {len(processed)}, re-run {len(rerun)}, lost {len(lost)}"
+    )
+
+
+def test_python_to_java_hand_over_loses_nothing(
+    kafka: KafkaBroker,
+    topic: TopicFactory,
+    consumer_config: dict[str, Any],
+    python_consumers: list[PythonConsumer],
+) -> None:
+    # Given 5,000 records, of which this library finishes all but 50
+    name, records = produce(kafka, topic)
+    unfinished = pick_unfinished(records, 50, seed=1)
+    first = PythonConsumer(consumer_config, name, unfinished)
+    python_consumers.append(first)
+    wait_until(
+        lambda: len(first.processed) == RECORDS - len(unfinished),
+        timeout=45,
+        what="this library to finish every record but the unfinished ones",
+    )
+    # ... and closes, committing each partition's lowest unfinished offset and the map above it
+    first.close(drain=False)
+    lowest = {p: min(o for q, o in unfinished if q == p) for p in range(PARTITIONS)}
+    for partition, (offset, metadata, _) in committed_as_confluent_kafka_reads_it(
+        consumer_config, name
+    ).items():
+        assert offset == lowest[partition]
+        assert metadata
+        decoded = decode_offset_map(offset, metadata)
+        assert set(decoded.incomplete) >= {o for p, o in unfinished if p == partition}
+
+    # When the real Java Parallel Consumer takes the group over and runs to the end
+    java, log = run_java_consumer(
+        kafka.bootstrap_servers, name, consumer_config["group.id"], ordering="KEY"
+    )
+
+    # Then it processed every unfinished record: nothing is lost
+    assert java["reached"], java
+    processed = {(p, o) for p, o in java["processed"]}
+    report("Python -> Java", RECORDS, unfinished, processed)
+    assert unfinished <= processed
+    # ... but it could not read the map: confluent-kafka stored it with a trailing NUL, which
+    # Java's Base64 decoder rejects, so Java logged that and replayed everything from the
+    # committed offset (re-running the records this library had finished above it).
+    for partition, commit in java["committed_before"].items():
+        assert commit["metadata_last_chars"][-1] == 0, commit  # the NUL
+        assert "error" in commit["java_decoded"], commit
+        print(f"  partition {partition}: Java reads {commit['metadata'][-12:]!r}: {commit}")
+    print("  Java's log: " + " | ".join(line for line in log.splitlines() if "ecod" in line)[:600])
+    replayed_from_committed = {(p, o) for p, o in records if o >= lowest[p]}
+    assert processed == replayed_from_committed
+    # If confluent-kafka ever committed the exact string (no NUL; see docs/offset-metadata.md),
+    # the two checks above fail: Java would then decode the map, and this test should assert
+    # an exact hand-over instead: processed == unfinished (re-run 0).
+
+
+@pytest.mark.parametrize(
+    ("unfinished_count", "exact"),
+    [
+        # 100 holes per 2,500 offsets: Java's smallest map is a BitSet (or a compressed form);
+        # both are self-delimiting, so the map is cut out of the stray bytes exactly.
+        pytest.param(200, True, id="bitset-map"),
+        # 25 holes per 2,500: Java writes a plain RunLength map, which has no length header;
+        # read with stray bytes after it, only its shortest prefix that is itself a written
+        # map can be trusted, so records after that prefix run again (none is skipped).
+        pytest.param(50, False, id="run-length-map"),
+    ],
+)
+def test_java_to_python_hand_over(
+    kafka: KafkaBroker,
+    topic: TopicFactory,
+    consumer_config: dict[str, Any],
+    python_consumers: list[PythonConsumer],
+    unfinished_count: int,
+    exact: bool,
+) -> None:
+    # Given 5,000 records, of which the real Java Parallel Consumer finishes all but some
+    name, records = produce(kafka, topic)
+    unfinished = pick_unfinished(records, unfinished_count, seed=2)
+    java, _ = run_java_consumer(
+        kafka.bootstrap_servers,
+        name,
+        consumer_config["group.id"],
+        ordering="KEY",
+        failing=unfinished,
+        until_succeeded=RECORDS - len(unfinished),
+    )
+    assert java["reached"], java
+    assert {(p, o) for p, o in java["processed"]} == records - unfinished
+    java_commits = {int(p): c for p, c in java["committed"].items()}
+
+    # ... and commits maps of the kind this case is about (the Java client reads them exactly)
+    expected_incomplete: dict[int, tuple[int, ...]] = {}
+    predicted_rerun: set[Record] = set()
+    for partition, commit in java_commits.items():
+        offset, metadata = commit["offset"], commit["metadata"]
+        exactly = decode_offset_map(offset, metadata, exact=True)
+        assert list(exactly.incomplete) == commit["java_decoded"]["incompletes"]
+        expected_incomplete[partition] = exactly.incomplete
+        assert set(exactly.incomplete) == {o for p, o in unfinished if p == partition}
+        encoding = exactly.encoding
+        assert encoding is not None
+        plain_run_length = not encoding.is_bitset and not encoding.compressed
+        assert plain_run_length is not exact, f"Java chose {encoding.name}; adjust the case"
+        # What a reader that allows for stray bytes makes of it: the records it cannot count
+        # as finished are the ones that will run again
+        read_back = decode_offset_map(offset, metadata)
+        finished_per_java = set(range(offset, exactly.highest_seen + 1)) - set(exactly.incomplete)
+        finished_read_back = set(range(offset, read_back.highest_seen + 1)) - set(
+            read_back.incomplete
+        )
+        assert finished_read_back <= finished_per_java
+        predicted_rerun |= {(partition, o) for o in finished_per_java - finished_read_back}
+        print(
+            f"\n  partition {partition}: Java committed {offset} with {encoding.name}, "
+            f"{len(metadata)} chars"
+        )
+
+    # ... which confluent-kafka returns followed by stray bytes (whatever follows in memory)
+    for partition, (offset, metadata, error) in committed_as_confluent_kafka_reads_it(
+        consumer_config, name
+    ).items():
+        java_metadata = java_commits[partition]["metadata"]
+        stray = None if metadata is None else metadata[len(java_metadata) :]
+        print(f"  partition {partition}: confluent-kafka returns the map + {stray!r} {error or ''}")
+        assert offset == java_commits[partition]["offset"]
+
+    # When this library takes the group over and runs to the end of every partition
+    second = PythonConsumer(consumer_config, name, set())
+    python_consumers.append(second)
+    redelivered = sum(
+        sum(1 for p, o in records if p == partition and o >= commit["offset"])
+        for partition, commit in java_commits.items()
+    )
+
+    def everything_redelivered_is_done() -> bool:
+        if second.pc.failure is not None:
+            return True
+        stats = second.pc.statistics()
+        seen = stats.records_skipped + stats.records_registered
+        return seen >= redelivered and stats.records_succeeded == stats.records_registered
+
+    wait_until(everything_redelivered_is_done, timeout=45, what="the rest of the topic")
+    failure = second.pc.failure
+    if failure is not None and caused_by_unicode_decode_error(failure):
+        # The stray bytes after Java's map were not UTF-8 this time, and the poller read
+        # TopicPartition.metadata directly, which then raises. The poller must read it with
+        # parallel_consumer.offsets.read_committed_metadata (issue 9, bug 8); until it does, a
+        # hand-over from Java fails like this now and then.
+        pytest.xfail(f"the poller does not survive non-UTF-8 stray bytes yet: {failure!r}")
+    assert failure is None, failure
+    second.close(drain=True)
+
+    # Then it processed every record Java left unfinished (nothing lost) ...
+    processed = second.processed
+    report(
+        f"Java -> Python ({'exact' if exact else 'conservative'})", RECORDS, unfinished, processed
+    )
+    assert unfinished <= processed
+    if exact:
+        # ... and only those: the hand-over is exact
+        assert processed == unfinished
+    else:
+        # ... and, beyond them, exactly the finished records the map cannot vouch for
+        assert processed == unfinished | predicted_rerun
+        assert predicted_rerun
