@@ -48,6 +48,7 @@ from parallel_consumer._events import (
     SetPaused,
     StopPoller,
 )
+from parallel_consumer.offsets import read_committed_metadata
 from parallel_consumer.status import PollerStatistics
 from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
 from parallel_consumer.work.credit import Credit
@@ -439,8 +440,10 @@ class Poller:
             except KafkaException as exc:
                 log.warning("reading committed offsets failed (attempt %d): %s", attempt + 1, exc)
                 continue
+            # read_committed_metadata: a map the Java client committed comes back followed by
+            # stray bytes, which may not even be UTF-8 (see offsets/codec.py).
             return {
-                (r.topic, r.partition): (r.offset, r.metadata)
+                (r.topic, r.partition): (r.offset, read_committed_metadata(r))
                 for r in answer
                 if r.error is None and r.offset >= 0
             }

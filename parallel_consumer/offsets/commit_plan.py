@@ -44,11 +44,6 @@ class CommitPlan:
     encoding: OffsetEncoding | None
     size: int
 
-    @property
-    def blocks_new_records(self) -> bool:
-        """True when the engine should only work on holes below the highest succeeded offset."""
-        return self.status is not MetadataStatus.FITS
-
 
 def plan_commit(
     incomplete_offsets: Iterable[int],

@@ -128,14 +128,6 @@ def committed_as_confluent_kafka_reads_it(
         consumer.close()
 
 
-def caused_by_unicode_decode_error(error: BaseException | None) -> bool:
-    while error is not None:
-        if isinstance(error, UnicodeDecodeError):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
-
-
 def report(direction: str, records: int, unfinished: set[Record], processed: set[Record]) -> None:
     rerun, lost = processed - unfinished, unfinished - processed
     print(
@@ -286,12 +278,6 @@ def test_java_to_python_hand_over(
 
     wait_until(everything_redelivered_is_done, timeout=45, what="the rest of the topic")
     failure = second.pc.failure
-    if failure is not None and caused_by_unicode_decode_error(failure):
-        # The stray bytes after Java's map were not UTF-8 this time, and the poller read
-        # TopicPartition.metadata directly, which then raises. The poller must read it with
-        # parallel_consumer.offsets.read_committed_metadata (issue 9, bug 8); until it does, a
-        # hand-over from Java fails like this now and then.
-        pytest.xfail(f"the poller does not survive non-UTF-8 stray bytes yet: {failure!r}")
     assert failure is None, failure
     second.close(drain=True)
 

@@ -38,7 +38,6 @@ def test_incompletes_commit_the_lowest_with_the_map() -> None:
         encoding=OffsetEncoding.BIT_SET,
         size=8,
     )
-    assert not plan.blocks_new_records
 
 
 @pytest.mark.parametrize("highest_succeeded", [-1, 50, 99, 100])
@@ -69,7 +68,6 @@ def test_status_at_the_thresholds(
     assert plan is not None
     assert (plan.offset, plan.status, plan.metadata, plan.size) == (100, status, metadata, 8)
     assert plan.encoding is OffsetEncoding.BIT_SET
-    assert plan.blocks_new_records == (status is not MetadataStatus.FITS)
 
 
 def test_no_encoding_possible_commits_the_offset_alone() -> None:
@@ -78,7 +76,6 @@ def test_no_encoding_possible_commits_the_offset_alone() -> None:
     assert plan == CommitPlan(
         offset=0, metadata="", status=MetadataStatus.NO_ENCODING, encoding=None, size=0
     )
-    assert plan.blocks_new_records
 
 
 def test_force_is_passed_to_the_encoder() -> None:
