@@ -180,10 +180,14 @@ def decode_offset_map(
     finished unless the writer marked it finished. Only layouts an encoder writes are accepted.
     ``exact=True`` reads the whole string as the map, with Java's leniency (missing padding,
     short bit sets): for strings known to be exactly what was committed, such as the output of
-    :func:`encode_offset_map` or metadata read with the Java client.
+    :func:`encode_offset_map` or metadata read with the Java client or with the exact length
+    librdkafka reports. One trailing NUL is dropped first: confluent-kafka stores one after
+    every metadata string it commits (a NUL is never part of a map, so this changes no map).
     """
     if committed_offset < 0:
         raise OffsetDecodeError(f"committed offset must be >= 0, got {committed_offset}")
+    if exact and metadata.endswith("\x00"):
+        metadata = metadata[:-1]
     if not metadata:
         return DecodedOffsetMap(committed_offset, committed_offset - 1, (), None)
     if exact:

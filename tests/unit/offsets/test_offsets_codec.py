@@ -555,6 +555,38 @@ def test_a_short_plain_run_length_map_is_still_chosen_when_it_reads_back_exactly
     assert decode_offset_map(100, encoded.metadata + "AAAA").incomplete == (100, 103)
 
 
+# --- Exact metadata as confluent-kafka committed it: the map and one NUL ---
+
+
+def test_exact_metadata_drops_the_one_nul_confluent_kafka_stores_after_a_map() -> None:
+    # confluent-kafka commits every metadata string followed by its C terminator; read with its
+    # exact length (parallel_consumer/_committed.py), the stored bytes end with that NUL
+    assert decode_offset_map(100, "bAAGNgA=\x00", exact=True) == decode_offset_map(
+        100, "bAAGNgA=", exact=True
+    )
+    # ... and an empty string is stored as a lone NUL: no map
+    assert decode_offset_map(100, "\x00", exact=True) == decode_offset_map(100, "", exact=True)
+
+
+@pytest.mark.parametrize("metadata", ["bAAGNgA=\x00\x00", "bAAGNgA=\x00AAAA", "\x00bAAGNgA="])
+def test_exact_metadata_with_more_than_one_trailing_nul_is_refused(metadata: str) -> None:
+    with pytest.raises(OffsetDecodeError):
+        decode_offset_map(100, metadata, exact=True)
+
+
+def test_exact_metadata_decodes_a_run_length_map_whole_where_read_back_must_cut_it() -> None:
+    # Given a plain RunLength map whose first 4 runs are a map of their own (Java writes such)
+    written = encode_offset_map(3, 599, [3, 17, 42, 500], force=OffsetEncoding.RUN_LENGTH)
+    assert written is not None
+
+    # Then read back (stray bytes possible) only the 4-run prefix can be trusted, while the
+    # exact bytes, with or without confluent-kafka's NUL, give the whole map
+    assert decode_offset_map(3, written.metadata).incomplete == (3, 17)
+    for exact in (written.metadata, written.metadata + "\x00"):
+        decoded = decode_offset_map(3, exact, exact=True)
+        assert (decoded.incomplete, decoded.highest_seen) == ((3, 17, 42, 500), 599)
+
+
 @pytest.mark.parametrize("metadata", ["!", "\x00bAAGNgA=", " bAAGNgA=", "=bAAGNgA", "é"])
 def test_metadata_that_does_not_start_with_a_map_is_refused(metadata: str) -> None:
     with pytest.raises(OffsetDecodeError):
