@@ -316,7 +316,12 @@ class Controller:
         for a in event.assignments:
             self._forget(a.tp)
             self._partitions[a.tp] = restored_state(
-                a.tp, a.epoch, a.committed_offset, a.metadata, fail_on_invalid=fail
+                a.tp,
+                a.epoch,
+                a.committed_offset,
+                a.metadata,
+                fail_on_invalid=fail,
+                exact=a.exact_metadata,
             )
         self._hooks.on_rebalance("assigned", [a.tp for a in event.assignments])
 

@@ -54,12 +54,18 @@ class PositionsReached:
 
 @dataclass(frozen=True, slots=True)
 class Assignment:
-    """A newly assigned partition and what the group committed for it."""
+    """A newly assigned partition and what the group committed for it.
+
+    ``exact_metadata``: the metadata is exactly the committed bytes (read with their length
+    through librdkafka, ``_committed.py``), not a C string confluent-kafka may have read past the
+    end of; the map in it is then decoded whole, never cut conservatively.
+    """
 
     tp: TopicPartition
     epoch: int
     committed_offset: int | None
     metadata: str | None
+    exact_metadata: bool = False
 
 
 @dataclass(frozen=True, slots=True)

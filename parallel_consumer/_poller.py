@@ -29,9 +29,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from parallel_consumer._committed import CommittedReader
 from parallel_consumer._events import (
     Assignment,
     Commit,
@@ -107,6 +108,11 @@ class Poller:
         # Built on the caller's thread so that configuration errors surface at construction;
         # from start() on only the poller thread touches it.
         self._consumer = consumer_factory({**config, "on_commit": self._on_commit})
+        #: Reads committed metadata with its exact length (``_committed.py``), through a handle
+        #: of its own made from the same configuration: only for a real client.
+        self._exact_reader = (
+            CommittedReader(config, name=name) if isinstance(self._consumer, Consumer) else None
+        )
         self._subscription: list[str] = []
         self._post = post
         self._fetch_batch = fetch_batch
@@ -234,6 +240,8 @@ class Poller:
                 consumer.close()
             except Exception:
                 log.warning("closing the Kafka consumer failed", exc_info=True)
+            if self._exact_reader is not None:
+                self._exact_reader.close()
 
     def _wait_for_credit(self) -> bool:
         """Too little credit: wait for the controller to return some, without touching the client,
@@ -418,7 +426,7 @@ class Poller:
         self._assert_owner()
         self._next_epoch += 1
         epoch = self._next_epoch
-        committed = self._committed(partitions)
+        committed, exact = self._committed(partitions)
         assignments = []
         for p in partitions:
             tp = (p.topic, p.partition)
@@ -427,12 +435,22 @@ class Poller:
             self._delivered_to.pop(tp, None)
             found = committed.get(tp)
             offset, metadata = found if found is not None else (None, None)
-            assignments.append(Assignment(tp, epoch, offset, metadata))
+            assignments.append(Assignment(tp, epoch, offset, metadata, exact_metadata=exact))
         log.info("assigned %s", _names(partitions))
         self._post(PartitionsAssigned(tuple(assignments)))
         self._call_user(self._user_on_assign, consumer, partitions)
 
-    def _committed(self, partitions: list[Any]) -> dict[TopicPartition, tuple[int, str | None]]:
+    def _committed(
+        self, partitions: list[Any]
+    ) -> tuple[dict[TopicPartition, tuple[int, str | None]], bool]:
+        """The committed offsets and metadata, and whether the metadata is exact: read with its
+        length through librdkafka when possible, else through confluent-kafka's ``committed()``,
+        which may append stray bytes to a map the Java client committed."""
+        if self._exact_reader is not None:
+            tps = [(p.topic, p.partition) for p in partitions]
+            exact = self._exact_reader.read(tps, REQUEST_TIMEOUT)
+            if exact is not None:
+                return exact, True
         request = [KafkaTopicPartition(p.topic, p.partition) for p in partitions]
         for attempt in range(3):
             try:
@@ -446,13 +464,13 @@ class Poller:
                 (r.topic, r.partition): (r.offset, read_committed_metadata(r))
                 for r in answer
                 if r.error is None and r.offset >= 0
-            }
+            }, False
         log.warning(
             "could not read committed offsets of %s: finished records above the committed "
             "offset will be processed again",
             _names(partitions),
         )
-        return {}
+        return {}, False
 
     def _forget(self, partitions: list[Any]) -> tuple[TopicPartition, ...]:
         """Drop the poller's per-partition state of partitions leaving the assignment."""

@@ -313,15 +313,20 @@ def restored_state(
     metadata: str | None,
     *,
     fail_on_invalid: bool,
+    exact: bool = False,
 ) -> PartitionState:
     """The state of a newly assigned partition from what the group committed: the offset, and
     the map of finished records above it in ``metadata``. Undecodable metadata is replayed from
-    the committed offset (logged), or raises ``InternalError`` when ``fail_on_invalid``."""
+    the committed offset (logged), or raises ``InternalError`` when ``fail_on_invalid``.
+
+    ``exact``: ``metadata`` is exactly the committed bytes, so the map is decoded whole
+    (``decode_offset_map(..., exact=True)``); by default it may be followed by stray characters,
+    as confluent-kafka's ``committed()`` returns it, and is cut out of them."""
     restored: tuple[int, ...] = ()
     highest = -1 if committed is None else committed - 1
     if committed is not None and metadata:
         try:
-            decoded = decode_offset_map(committed, metadata)
+            decoded = decode_offset_map(committed, metadata, exact=exact)
         except OffsetDecodeError as exc:
             if fail_on_invalid:
                 raise InternalError(
