@@ -8,7 +8,10 @@ first had finished them; "lost" counts unfinished records the second one never p
 figures are printed (``pytest -s``) so they can be quoted; ``docs/offset-metadata.md`` has them.
 
 The byte layouts are identical (``test_java_compat.py``); what these tests see is the transport:
-confluent-kafka passes commit metadata as a C string, see ``docs/offset-metadata.md``.
+confluent-kafka passes commit metadata as a C string, see ``docs/offset-metadata.md``. Reading,
+this library avoids that where it can (``parallel_consumer/_committed.py`` reads the metadata with
+its exact length through librdkafka); the Java -> Python cases run both with that reader and with
+the fallback through confluent-kafka's ``committed()``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,15 @@ import pytest
 from compat_support import java_tools_missing, run_java_consumer
 from confluent_kafka import Consumer, TopicPartition
 
-from parallel_consumer import Options, ParallelConsumer, PollContext, ProcessingOrder, Retry
+from parallel_consumer import (
+    Options,
+    ParallelConsumer,
+    PollContext,
+    ProcessingOrder,
+    Retry,
+    _committed,
+)
+from parallel_consumer._committed import CommittedReader, ExactReaderUnavailable
 from parallel_consumer.offsets import decode_offset_map, read_committed_metadata
 from parallel_consumer.testing import produce_records
 from parallel_consumer.testing.pytest_plugin import KafkaBroker, TopicFactory
@@ -190,15 +201,37 @@ def test_python_to_java_hand_over_loses_nothing(
     # an exact hand-over instead: processed == unfinished (re-run 0).
 
 
+def exact_reader_unavailable() -> str | None:
+    """Why this library cannot read committed metadata exactly here, or None if it can."""
+    try:
+        _committed._load()
+    except ExactReaderUnavailable as exc:
+        return str(exc)
+    return None
+
+
 @pytest.mark.parametrize(
-    ("unfinished_count", "exact"),
+    "reader",
+    [
+        # How this library reads the commit: with its exact length through librdkafka (what
+        # the poller does when it can) ...
+        pytest.param("exact", id="exact-reader"),
+        # ... or, falling back, through confluent-kafka's committed(), which returns the map
+        # followed by stray bytes (a C string read past its end)
+        pytest.param("fallback", id="fallback"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("unfinished_count", "self_delimiting"),
     [
         # 100 holes per 2,500 offsets: Java's smallest map is a BitSet (or a compressed form);
-        # both are self-delimiting, so the map is cut out of the stray bytes exactly.
+        # both are self-delimiting, so even the fallback cuts the map out of the stray bytes
+        # exactly.
         pytest.param(200, True, id="bitset-map"),
         # 25 holes per 2,500: Java writes a plain RunLength map, which has no length header;
-        # read with stray bytes after it, only its shortest prefix that is itself a written
-        # map can be trusted, so records after that prefix run again (none is skipped).
+        # read with stray bytes after it (the fallback), only its shortest prefix that is
+        # itself a written map can be trusted, so records after that prefix run again (none is
+        # skipped). Read exactly, it is decoded whole.
         pytest.param(50, False, id="run-length-map"),
     ],
 )
@@ -207,9 +240,13 @@ def test_java_to_python_hand_over(
     topic: TopicFactory,
     consumer_config: dict[str, Any],
     python_consumers: list[PythonConsumer],
+    monkeypatch: pytest.MonkeyPatch,
     unfinished_count: int,
-    exact: bool,
+    self_delimiting: bool,
+    reader: str,
 ) -> None:
+    if reader == "exact" and (why := exact_reader_unavailable()) is not None:
+        pytest.skip(f"the exact committed-metadata reader is unavailable: {why}")
     # Given 5,000 records, of which the real Java Parallel Consumer finishes all but some
     name, records = produce(kafka, topic)
     unfinished = pick_unfinished(records, unfinished_count, seed=2)
@@ -237,7 +274,9 @@ def test_java_to_python_hand_over(
         encoding = exactly.encoding
         assert encoding is not None
         plain_run_length = not encoding.is_bitset and not encoding.compressed
-        assert plain_run_length is not exact, f"Java chose {encoding.name}; adjust the case"
+        assert plain_run_length is not self_delimiting, (
+            f"Java chose {encoding.name}; adjust the case"
+        )
         # What a reader that allows for stray bytes makes of it: the records it cannot count
         # as finished are the ones that will run again
         read_back = decode_offset_map(offset, metadata)
@@ -261,6 +300,23 @@ def test_java_to_python_hand_over(
         print(f"  partition {partition}: confluent-kafka returns the map + {stray!r} {error or ''}")
         assert offset == java_commits[partition]["offset"]
 
+    # ... and exactly that map, no NUL, when read with its length through librdkafka
+    if reader == "exact":
+        exact_reader = CommittedReader(consumer_config)
+        try:
+            exactly_read = exact_reader.read([(name, p) for p in range(PARTITIONS)], timeout=15)
+        finally:
+            exact_reader.close()
+        assert exactly_read == {
+            (name, p): (c["offset"], c["metadata"]) for p, c in java_commits.items()
+        }
+    else:
+
+        def unavailable() -> _committed._Library:
+            raise ExactReaderUnavailable("the test takes the fallback path")
+
+        monkeypatch.setattr(_committed, "_load", unavailable)
+
     # When this library takes the group over and runs to the end of every partition
     second = PythonConsumer(consumer_config, name, set())
     python_consumers.append(second)
@@ -283,11 +339,10 @@ def test_java_to_python_hand_over(
 
     # Then it processed every record Java left unfinished (nothing lost) ...
     processed = second.processed
-    report(
-        f"Java -> Python ({'exact' if exact else 'conservative'})", RECORDS, unfinished, processed
-    )
+    map_kind = "BitSet or compressed" if self_delimiting else "plain RunLength"
+    report(f"Java -> Python ({map_kind} map, {reader} reader)", RECORDS, unfinished, processed)
     assert unfinished <= processed
-    if exact:
+    if reader == "exact" or self_delimiting:
         # ... and only those: the hand-over is exact
         assert processed == unfinished
     else:
