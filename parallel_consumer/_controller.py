@@ -64,6 +64,8 @@ log = logging.getLogger("parallel_consumer")
 
 #: After the work is done on close, how long the final commit may take to be acknowledged.
 FINAL_COMMIT_TIMEOUT = 10.0
+#: Least time between two attempts of a final commit that failed.
+FINAL_COMMIT_RETRY = 0.2
 #: How long the poller (and, after a failure, the workers) may take to stop.
 STOP_TIMEOUT = 10.0
 #: A record's failed attempts are logged at INFO, and at WARNING from this attempt on.
@@ -91,8 +93,10 @@ class _Close:
     request: Control
     deadline: float
     phase: _ClosePhase = _ClosePhase.WORK
-    #: Clock time by which the final commit must be acknowledged.
+    #: Real time (time.monotonic) by which the final commit must be acknowledged.
     commit_deadline: float = 0.0
+    #: Real time before which a failed final commit is not sent again.
+    next_commit_retry: float = 0.0
     #: Real time (time.monotonic) by which the poller must have stopped.
     poller_deadline: float = 0.0
 
@@ -219,7 +223,7 @@ class Controller:
         now = clock.monotonic()
         if self._retries:
             self._release_due_retries(now)
-        for tp in self._commits.take_unblocked():
+        for tp in self._commits.take_to_unpark():
             self._shards.unpark(tp)
         self._dispatch(now)
         if now >= self._next_commit:
@@ -344,12 +348,19 @@ class Controller:
         self._hooks.on_rebalance("revoked", event.tps)
 
     def _forget(self, tp: TopicPartition) -> None:
-        if self._partitions.pop(tp, None) is None:
+        state = self._partitions.pop(tp, None)
+        if state is None:
             return
         self._to_release += self._shards.remove_partition(tp)
         self._to_release += self._retries.forget(tp)
         self._commits.forget(tp)
-        # Its records in flight come back as stale results and return their credit then.
+        # Its records in flight come back as stale results and return their credit then; until
+        # they do, their lanes stay busy for the partition's next assignment.
+        # (Calls of still earlier assignments are held already.)
+        for batch in self._in_flight:
+            for item in batch.items:
+                if item.tp == tp and item.epoch == state.epoch:
+                    self._shards.hold_for_stale(item)
 
     # -- dispatch and results -------------------------------------------------------------------
 
@@ -395,6 +406,7 @@ class Controller:
             if state is None or state.epoch != item.epoch:
                 counters.stale += 1
                 self._to_release += 1
+                self._shards.stale_done(item)
                 continue
             if error is None:
                 counters.succeeded += 1
@@ -542,7 +554,9 @@ class Controller:
             event.reply.set_result(self.lifecycle)
         elif action == "close":
             if self._close is not None:
-                # Already closing: answer when the first close finishes.
+                # Already closing: a stricter request (no drain, an earlier deadline) takes
+                # effect; both are answered when the close finishes.
+                self._tighten_close(event)
                 self._close.request.reply.add_done_callback(lambda _: event.reply.set_result(None))
                 return
             self._begin_close(event)
@@ -554,9 +568,20 @@ class Controller:
         self._close = _Close(event, self._clock.monotonic() + timeout)
         if event.drain:
             self.lifecycle = Lifecycle.DRAINING
-            return
+        else:
+            self._stop_dispatching()
+
+    def _tighten_close(self, event: Control) -> None:
+        close = self._close
+        assert close is not None
+        timeout = self._options.shutdown_timeout if event.timeout is None else event.timeout
+        close.deadline = min(close.deadline, self._clock.monotonic() + timeout)
+        if not event.drain and self.lifecycle is Lifecycle.DRAINING:
+            self._stop_dispatching()
+
+    def _stop_dispatching(self) -> None:
+        """Close without drain: records not started stay for the partition's next owner."""
         self.lifecycle = Lifecycle.CLOSING
-        # Not started yet: left for the next owner of the partition (they stay uncommitted).
         for tp in list(self._partitions):
             self._to_release += self._shards.remove_partition(tp)
         for batch_id in self._runner.cancel_queued():
@@ -590,14 +615,11 @@ class Controller:
                 self._commits.due(self._partitions.values(), now, final=True), final=True
             )
             close.phase = _ClosePhase.FINAL_COMMIT
-            close.commit_deadline = now + FINAL_COMMIT_TIMEOUT
+            close.commit_deadline = time.monotonic() + FINAL_COMMIT_TIMEOUT
+            return False
+        if close.phase is _ClosePhase.FINAL_COMMIT and not self._final_commit_done(now, close):
             return False
         if close.phase is _ClosePhase.FINAL_COMMIT:
-            pending = self._commits.has_pending()
-            if pending and now < close.commit_deadline:
-                return False
-            if pending:
-                log.warning("the final commit was not acknowledged in time")
             self._poller.send(StopPoller())
             close.phase = _ClosePhase.STOP_POLLER
             close.poller_deadline = time.monotonic() + STOP_TIMEOUT
@@ -609,6 +631,30 @@ class Controller:
         if time.monotonic() >= close.poller_deadline:
             log.warning("the poller did not stop in time")
             return True
+        return False
+
+    def _final_commit_done(self, now: float, close: _Close) -> bool:
+        """The final commit is acknowledged, or given up on. One that failed is sent again
+        (at most every FINAL_COMMIT_RETRY) until FINAL_COMMIT_TIMEOUT, in real time: it waits
+        for the broker, not for the engine's clock."""
+        real_now = time.monotonic()
+        in_time = real_now < close.commit_deadline
+        if self._commits.has_pending():
+            if in_time:
+                return False
+            log.warning("the final commit was not acknowledged in time")
+            return True
+        if real_now < close.next_commit_retry:
+            return False
+        again = self._commits.due(self._partitions.values(), now, final=True)
+        if not again:
+            return True
+        if not in_time:
+            log.warning("the final commit failed and its time is up: %d partitions", len(again))
+            return True
+        log.info("the final commit failed; sending it again (%d partitions)", len(again))
+        close.next_commit_retry = real_now + FINAL_COMMIT_RETRY
+        self._send_commits(again, final=True)
         return False
 
     def _emergency_stop(self) -> None:

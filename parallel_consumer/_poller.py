@@ -134,6 +134,8 @@ class Poller:
         #: Asynchronous commits sent and not yet answered by the client's callback, in order.
         self._unanswered: deque[_Unanswered] = deque()
         self._last_poll: float | None = None
+        #: Records the client delivered beyond the credit (see _hand_over), in order.
+        self._overflow: deque[Any] = deque()
         self._stopping = False
         #: The latest snapshot for other threads: replaced whole, never changed in place.
         self._published: tuple[int, int, int, float | None, float | None] = (0, 0, 0, None, None)
@@ -215,10 +217,12 @@ class Poller:
             )
             while not self._stopping:
                 self._run_commands()
+                if self._overflow:
+                    self._release_overflow()
                 self._publish()
                 if self._stopping:
                     break
-                if not credit.can_fetch() and self._wait_for_credit():
+                if (self._overflow or not credit.can_fetch()) and self._wait_for_credit():
                     continue
                 self._apply_pauses()
                 self._last_poll = time.monotonic()
@@ -284,28 +288,43 @@ class Poller:
             self._stopping = True
 
     def _hand_over(self, messages: Sequence[Any]) -> None:
-        batches: dict[TopicPartition, tuple[int, list[Any]]] = {}
         epochs = self._epochs
-        count = 0
+        good = []
         for message in messages:
             error = message.error()
             if error is not None:
                 self._client_error(error, message)
-                continue
+            elif (message.topic(), message.partition()) in epochs:
+                good.append(message)
+            # else: a straggler of a partition revoked during this consume()
+        if self._overflow or len(good) > self._credit.available:
+            # More than the credit allows: possible only from a partition assigned inside this
+            # consume(), before it could be paused. Keep them here, in order, until credit
+            # returns; the bound on records in the engine holds.
+            self._overflow.extend(good)
+            self._release_overflow()
+        elif good:
+            self._deliver(good)
+
+    def _release_overflow(self) -> None:
+        overflow = self._overflow
+        count = min(len(overflow), self._credit.available)
+        if count:
+            self._deliver([overflow.popleft() for _ in range(count)])
+
+    def _deliver(self, messages: list[Any]) -> None:
+        batches: dict[TopicPartition, tuple[int, list[Any]]] = {}
+        epochs = self._epochs
+        for message in messages:
             tp = (message.topic(), message.partition())
             batch = batches.get(tp)
             if batch is None:
-                epoch = epochs.get(tp)
-                if epoch is None:
-                    continue  # a straggler of a partition revoked during this consume()
-                batch = batches[tp] = (epoch, [])
+                batch = batches[tp] = (epochs[tp], [])
             batch[1].append(message)
-            count += 1
         for tp, (_, batch_messages) in batches.items():
             self._delivered_to[tp] = batch_messages[-1].offset() + 1
-        if count:
-            self._credit.take(count)
-            self._post(RecordsPolled(batches))
+        self._credit.take(len(messages))
+        self._post(RecordsPolled(batches))
 
     def _report_positions(self) -> None:
         """Tell the controller when the client has read past the last delivered record.
@@ -316,6 +335,8 @@ class Poller:
         if not self._epochs:
             return
         request = [KafkaTopicPartition(t, p) for t, p in self._epochs]
+        # The client's position is past records still held back here: not a gap.
+        held_back = {(m.topic(), m.partition()) for m in self._overflow}
         changed = []
         for answer in self._consumer.position(request):
             tp = (answer.topic, answer.partition)
@@ -323,6 +344,7 @@ class Poller:
             epoch = self._epochs.get(tp)
             if (
                 epoch is None
+                or tp in held_back
                 or offset < 0
                 or offset <= self._delivered_to.get(tp, -1)
                 or offset == self._positions.get(tp)
@@ -475,6 +497,11 @@ class Poller:
     def _forget(self, partitions: list[Any]) -> tuple[TopicPartition, ...]:
         """Drop the poller's per-partition state of partitions leaving the assignment."""
         tps = tuple((p.topic, p.partition) for p in partitions)
+        if self._overflow:
+            gone = set(tps)
+            self._overflow = deque(
+                m for m in self._overflow if (m.topic(), m.partition()) not in gone
+            )
         for tp in tps:
             self._epochs.pop(tp, None)
             self._paused.discard(tp)

@@ -5,7 +5,7 @@ the controller thread and must return quickly (they sit on the path of every rec
 hooks run on the thread that runs the handler, around the call, which is where a tracing span
 belongs. Every method has a no-op default in :class:`NoHooks`: subclass it and override what
 you need. An exception raised by a hook is logged and ignored: a broken metrics exporter must
-not stop the consumer.
+not stop the consumer (a hook that raises even ``SystemExit`` is only logged).
 """
 
 from __future__ import annotations
@@ -108,7 +108,8 @@ class _Guarded:
         def call(*args: object) -> None:
             try:
                 method(*args)
-            except Exception:
+            except BaseException:
+                # Even SystemExit: a hook must never strand records in flight or stop a thread.
                 log.warning("hook %s of %r failed", name, self._inner, exc_info=True)
 
         return call

@@ -94,6 +94,10 @@ class ThreadRunner:
                     return
             batch, context = task
             hooks.on_call_start(batch, context)
+            # Again, right before the call: stop() may have come while the hook ran.
+            with gate:
+                if not self._open:
+                    return
             error: BaseException | None = None
             value: object = None
             try:

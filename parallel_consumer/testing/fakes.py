@@ -221,6 +221,8 @@ class FakeConsumer:
                 found = self._cluster._commits.get((self._group, (p.topic, p.partition)))
                 if found is None:
                     out.append(TopicPartition(p.topic, p.partition, -1001))
+                elif found[1] is None:  # committed without metadata
+                    out.append(TopicPartition(p.topic, p.partition, found[0]))
                 else:
                     out.append(TopicPartition(p.topic, p.partition, found[0], found[1]))
             return out

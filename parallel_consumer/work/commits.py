@@ -4,7 +4,8 @@ are blocked. Owned by the controller thread; pure data and decisions, no I/O.
 "Blocked" lives here and only here: a partition whose offset map is near or over the metadata
 limit runs only the holes below its highest succeeded offset until the map shrinks. The
 controller reads :attr:`CommitTracker.blocked` when it asks the shards for work, and unparks the
-shards of the partitions :meth:`CommitTracker.take_unblocked` returns.
+shards of the partitions :meth:`CommitTracker.take_to_unpark` returns. The limit follows the
+highest succeeded offset while the partition stays blocked.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class CommitTracker:
         self._max_metadata_bytes = max_metadata_bytes
         #: Blocked partitions -> the offset below which records may still run.
         self.blocked: dict[TopicPartition, int] = {}
-        self._unblocked: list[TopicPartition] = []
+        self._to_unpark: list[TopicPartition] = []
         #: Sent and not yet answered, per partition: (epoch, offset, metadata) -> _Pending.
         self._pending: dict[TopicPartition, dict[tuple[int, int, str], _Pending]] = {}
         #: Last planned map per partition: (size in bytes, status name).
@@ -102,7 +103,9 @@ class CommitTracker:
                 state.highest_succeeded,
                 "; committing the offset without it" if plan.metadata == "" else "",
             )
-        elif not too_big and tp in self.blocked:
+        elif too_big:
+            self._follow(state)
+        elif tp in self.blocked:
             self._unblock(tp)
         return plan
 
@@ -159,19 +162,32 @@ class CommitTracker:
         return True
 
     def after_success(self, state: PartitionState) -> None:
-        """A record of ``state`` succeeded: a blocked partition without holes is free again."""
-        tp = state.tp
-        if tp in self.blocked and not state.has_holes():
-            self._unblock(tp)
+        """A record of a blocked partition succeeded: without holes it is free again."""
+        if state.tp not in self.blocked:
+            return
+        if not state.has_holes():
+            self._unblock(state.tp)
+        else:
+            self._follow(state)
 
-    def take_unblocked(self) -> list[TopicPartition]:
-        """Partitions unblocked since the last call (their parked shards may run again)."""
-        out, self._unblocked = self._unblocked, []
+    def take_to_unpark(self) -> list[TopicPartition]:
+        """Partitions unblocked, or whose limit rose, since the last call: their parked shards
+        must be judged again."""
+        out, self._to_unpark = self._to_unpark, []
         return out
+
+    def _follow(self, state: PartitionState) -> None:
+        # Records in flight when the partition was blocked may succeed above the limit; the ones
+        # of them that failed are holes now, below the new highest succeeded offset. The limit
+        # follows it, or those holes would stay parked and the partition never unblock.
+        tp = state.tp
+        if state.highest_succeeded > self.blocked[tp]:
+            self.blocked[tp] = state.highest_succeeded
+            self._to_unpark.append(tp)
 
     def _unblock(self, tp: TopicPartition) -> None:
         del self.blocked[tp]
-        self._unblocked.append(tp)
+        self._to_unpark.append(tp)
 
     def forget(self, tp: TopicPartition) -> None:
         self.blocked.pop(tp, None)

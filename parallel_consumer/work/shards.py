@@ -64,6 +64,10 @@ class ShardMap:
         self._shards: dict[object, Shard] = {}
         self._ready: deque[Shard] = deque()
         self._parked: dict[TopicPartition, list[Shard]] = {}
+        #: Per lane: calls of an earlier assignment of its partition still running. The lane
+        #: stays busy until they end, so a record of a revoked and re-assigned partition never
+        #: runs beside a stale call of its own lane (KEY and PARTITION only).
+        self._stale_running: dict[object, int] = {}
         #: Records waiting for dispatch, per partition (the back-pressure input).
         self.waiting_by_tp: dict[TopicPartition, int] = {}
         self.waiting = 0
@@ -80,6 +84,8 @@ class ShardMap:
             shard = shards.get(key)
             if shard is None:
                 shard = shards[key] = Shard(key, tp)
+                if self._stale_running:
+                    shard.busy = self._stale_running.get(key, 0)
             shard.queue.append(item)
             if not shard.scheduled and not (ordered and shard.busy):
                 shard.scheduled = True
@@ -99,6 +105,32 @@ class ShardMap:
         self._parked.pop(tp, None)
         self.waiting -= self.waiting_by_tp.pop(tp, 0)
         return dropped
+
+    def hold_for_stale(self, item: WorkItem) -> None:
+        """``item`` is still running although its partition was revoked (call after
+        :meth:`remove_partition`): keep its lane busy until :meth:`stale_done`."""
+        if not self._ordered:
+            return
+        key = item.shard_key
+        self._stale_running[key] = self._stale_running.get(key, 0) + 1
+        shard = self._shards.get(key)
+        if shard is not None:
+            shard.busy += 1
+
+    def stale_done(self, item: WorkItem) -> None:
+        """A call held by :meth:`hold_for_stale` ended: its lane may run again."""
+        key = item.shard_key
+        count = self._stale_running.get(key)
+        if count is None:
+            return
+        if count == 1:
+            del self._stale_running[key]
+        else:
+            self._stale_running[key] = count - 1
+        shard = self._shards.get(key)
+        if shard is not None:
+            shard.busy -= 1
+            self._schedule(shard)
 
     # -- selection ----------------------------------------------------------------------------
 

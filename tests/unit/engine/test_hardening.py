@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import KafkaError, Message
 from doubles import IdleRunner, StuckPoller
 
-from parallel_consumer import InternalError, Options, PollContext
+from parallel_consumer import InternalError, NoHooks, Options, PollContext, Retry
 from parallel_consumer._controller import Controller
 from parallel_consumer._events import (
     Assignment,
@@ -276,3 +276,189 @@ def test_the_poller_refuses_commands_from_another_thread(harness, cluster, wait_
     wait_until(lambda: pc.statistics().poller.assigned_partitions == 1)
     with pytest.raises(RuntimeError, match="must send it commands instead"):
         pc._poller._run_command(StopPoller())
+
+
+# -- found by the adversarial review of the reshaped core ------------------------------------------
+
+
+@pytest.mark.parametrize("ordering", ["unordered", "key"])
+def test_a_blocked_partition_runs_holes_that_appear_above_its_first_limit(
+    harness, cluster, wait_until, ordering
+):
+    # Given a tiny metadata limit, holes below the coming limit, and records in flight when the
+    # partition gets blocked, some of which then fail (holes above the limit it was blocked at)
+    cluster.create_topic("t", 1)
+    for i in range(200):
+        cluster.produce("t", b"%d" % i, key=b"%d" % i, partition=0)
+    attempts: dict[int, int] = {}
+    done: set[int] = set()
+    lock = threading.Lock()
+
+    def handle(ctx: PollContext) -> None:
+        offset = ctx.offset
+        with lock:
+            attempts[offset] = attempts.get(offset, 0) + 1
+            first = attempts[offset] == 1
+        if offset in (3, 20, 40, 60) and first:
+            raise Retry(delay=2.0)
+        if offset >= 80:
+            time.sleep(0.5)  # the work: in flight when the partition is blocked
+            if offset in (85, 100, 120, 140) and first:
+                raise Retry(delay=0.01)
+        with lock:
+            done.add(offset)
+
+    pc = harness.make(
+        Options(ordering=ordering, max_concurrency=64, max_metadata_bytes=16, commit_interval=0.05)
+    )
+    pc.poll(handle)
+    # Then every record is handled (it used to stop at 156, the holes above 79 parked forever)
+    wait_until(lambda: len(done) == 200, timeout=30, what="every record handled")
+    pc.close()
+
+
+def test_a_final_commit_that_fails_is_sent_again_before_close_returns(harness, cluster, wait_until):
+    cluster.create_topic("t", 1)
+    for i in range(100):
+        cluster.produce("t", b"%d" % i, partition=0)
+    done: list[int] = []
+    pc = harness.make(Options(commit_interval=60))
+    pc.poll(lambda ctx: done.append(ctx.offset))
+    wait_until(lambda: len(done) == 100)
+    # Given the broker fails the next commit with a retriable error
+    harness.consumers[0].fail_next_commits(1)
+    # When the consumer closes
+    pc.close()
+    # Then the final commit was retried and landed
+    assert cluster.committed("g", "t", 0) == (100, None)
+
+
+def test_a_partition_assigned_while_no_credit_is_left_keeps_the_bound(harness, cluster, wait_until):
+    # Given a full engine (8 of 8 held), every partition paused by the poller
+    cluster.create_topic("t", 2)
+    for i in range(100):
+        cluster.produce("t", b"%d" % i, partition=0)
+    gate = threading.Event()
+    pc = harness.make(
+        Options(ordering="unordered", max_concurrency=2, max_buffered_records=8, fetch_batch_size=4)
+    )
+    pc.poll(lambda ctx: gate.wait(30))
+    wait_until(lambda: pc.statistics().poller.held == 8)
+    wait_until(lambda: (pc.statistics().poller.waiting_for_credit or 0) > 1.2)
+    consumer = harness.consumers[0]
+    # When a partition with data is assigned inside a consume() (it is not paused yet)
+    consumer.rebalance(revoke=[("t", 1)])
+    wait_until(lambda: pc.statistics().poller.assigned_partitions == 1)
+    cluster.produce("t", b"x", partition=1)
+    consumer.rebalance(assign=[("t", 1)])
+    wait_until(lambda: pc.statistics().poller.assigned_partitions == 2)
+    # Then the engine keeps running within its bound, and the record runs once there is room
+    assert pc.failure is None
+    assert pc.statistics().held <= 8
+    gate.set()
+    wait_until(lambda: pc.statistics().records_succeeded == 101, timeout=30)
+    pc.close()
+
+
+@pytest.mark.parametrize("ordering", ["key", "partition"])
+def test_a_lane_never_runs_beside_a_stale_call_of_its_own_after_a_reassignment(
+    harness, cluster, wait_until, ordering
+):
+    # Given two records of one key, the first call of offset 0 slow
+    cluster.create_topic("t", 1)
+    cluster.produce("t", b"a0", key=b"A", partition=0)
+    cluster.produce("t", b"a1", key=b"A", partition=0)
+    gate = threading.Event()
+    lock = threading.Lock()
+    running = [0]
+    most = [0]
+    ends: list[int] = []
+
+    def handle(ctx: PollContext) -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            first = ctx.offset == 0 and not ends and running[0] == 1
+        if first:
+            gate.wait(10)
+        with lock:
+            running[0] -= 1
+            ends.append(ctx.offset)
+
+    pc = harness.make(Options(ordering=ordering, max_concurrency=4))
+    pc.poll(handle)
+    wait_until(lambda: running[0] == 1)
+    # When the partition is revoked and assigned back to this member while the call runs
+    consumer = harness.consumers[0]
+    consumer.rebalance(revoke=[("t", 0)])
+    consumer.rebalance(assign=[("t", 0)])
+    wait_until(lambda: pc.statistics().partitions and pc.statistics().partitions[0].epoch == 2)
+    gate.set()
+    wait_until(lambda: ends.count(0) == 2 and 1 in ends)
+    pc.close()
+    # Then the lane never had two calls at once, and the new call of 0 ran after the stale one
+    assert most[0] == 1
+    assert ends[0] == 0
+
+
+def test_a_slow_call_start_hook_cannot_start_a_call_after_close_returned(harness, cluster):
+    class SlowStart(NoHooks):
+        def on_call_start(self, batch: int, context: PollContext) -> None:
+            time.sleep(0.3)  # the hook's work, between the runner's gate and the call
+
+    cluster.create_topic("t", 1)
+    for i in range(200):
+        cluster.produce("t", b"%d" % i, partition=0)
+    started: list[float] = []
+    pc = harness.make(Options(ordering="unordered", max_concurrency=4), hooks=SlowStart())
+    pc.poll(lambda ctx: started.append(time.monotonic()))
+    deadline = time.monotonic() + 10
+    while len(started) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pc.close(drain=False, timeout=0.1)
+    closed_at = time.monotonic()
+    deadline = time.monotonic() + 5
+    while any("-worker-" in t.name and t.is_alive() for t in threading.enumerate()):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert [t for t in started if t > closed_at] == []
+
+
+def test_a_stricter_second_close_takes_effect(harness, cluster):
+    # Given a draining close waiting on a blocked handler (30 s default timeout)
+    cluster.create_topic("t", 1)
+    for i in range(20):
+        cluster.produce("t", b"%d" % i, partition=0)
+    gate = threading.Event()
+    pc = harness.make(Options(ordering="partition"))
+    pc.poll(lambda ctx: gate.wait(20))
+    first = threading.Thread(target=pc.close, kwargs={"drain": True})
+    first.start()
+    try:
+        # When a second close asks for no drain and 0.5 s
+        started = time.monotonic()
+        pc.close(drain=False, timeout=0.5)
+        # Then it returns within its own bound, and so does the first
+        assert time.monotonic() - started < 12
+        first.join(5)
+        assert not first.is_alive()
+    finally:
+        gate.set()
+        first.join(10)
+
+
+def test_a_hook_raising_system_exit_does_not_strand_records(harness, cluster, wait_until):
+    class Exits(NoHooks):
+        def on_call_end(self, batch: int, context: PollContext, error: object) -> None:
+            raise SystemExit(1)
+
+    cluster.create_topic("t", 1)
+    for i in range(20):
+        cluster.produce("t", b"%d" % i, partition=0)
+    done: list[int] = []
+    pc = harness.make(Options(ordering="partition"), hooks=Exits())
+    pc.poll(lambda ctx: done.append(ctx.offset))
+    wait_until(lambda: len(done) == 20)
+    pc.close()
+    assert cluster.committed("g", "t", 0) == (20, None)
