@@ -144,7 +144,9 @@ class CommitTracker:
         return OffsetCommit(state.tp, state.epoch, plan.offset, plan.metadata)
 
     def sent(self, state: PartitionState, commit: OffsetCommit, now: float) -> None:
-        self._pending.setdefault(state.tp, {})[_key(commit)] = _Pending(state.version, now)
+        # Only the newest commit of a partition is awaited: it covers every older one, whose
+        # answer may never come (a lost callback would otherwise keep a close waiting).
+        self._pending[state.tp] = {_key(commit): _Pending(state.version, now)}
 
     # -- answers and progress -----------------------------------------------------------------
 

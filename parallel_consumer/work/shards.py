@@ -130,7 +130,11 @@ class ShardMap:
         shard = self._shards.get(key)
         if shard is not None:
             shard.busy -= 1
-            self._schedule(shard)
+            if shard.queue:
+                self._schedule(shard)
+            elif not shard.busy:
+                shard.removed = True
+                del self._shards[key]
 
     # -- selection ----------------------------------------------------------------------------
 

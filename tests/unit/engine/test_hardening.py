@@ -392,7 +392,7 @@ def test_a_lane_never_runs_beside_a_stale_call_of_its_own_after_a_reassignment(
     consumer = harness.consumers[0]
     consumer.rebalance(revoke=[("t", 0)])
     consumer.rebalance(assign=[("t", 0)])
-    wait_until(lambda: pc.statistics().partitions and pc.statistics().partitions[0].epoch == 2)
+    wait_until(lambda: [p.epoch for p in pc.statistics().partitions] == [2])
     gate.set()
     wait_until(lambda: ends.count(0) == 2 and 1 in ends)
     pc.close()
@@ -462,3 +462,32 @@ def test_a_hook_raising_system_exit_does_not_strand_records(harness, cluster, wa
     wait_until(lambda: len(done) == 20)
     pc.close()
     assert cluster.committed("g", "t", 0) == (20, None)
+
+
+def test_a_lost_commit_answer_does_not_hold_up_close(harness, cluster, wait_until):
+    # Given periodic commits whose answers the client never delivers: one at 5 while record 5
+    # runs, then one at 10
+    cluster.create_topic("t", 1)
+    for i in range(10):
+        cluster.produce("t", b"%d" % i, partition=0)
+    release = threading.Event()
+    done: list[int] = []
+
+    def handle(ctx: PollContext) -> None:
+        if ctx.offset == 5:
+            release.wait(10)
+        done.append(ctx.offset)
+
+    pc = harness.make(Options(ordering="partition", commit_interval=0.05))
+    harness.consumers[0].lose_next_commit_answers(1000)
+    pc.poll(handle)
+    wait_until(lambda: pc.statistics().commits_sent >= 1)
+    release.set()
+    wait_until(lambda: len(done) == 10)
+    wait_until(lambda: pc.statistics().commits_sent >= 2)
+    # When it closes (the final commit is synchronous, so its answer comes)
+    started = time.monotonic()
+    pc.close()
+    # Then close does not wait for the lost answers (it took the whole 10 s final-commit budget)
+    assert time.monotonic() - started < 5
+    assert cluster.committed("g", "t", 0) == (10, None)

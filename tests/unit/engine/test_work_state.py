@@ -273,6 +273,24 @@ class TestShardMap:
         shards.retry_now(b)
         assert [shards.take({}) for _ in range(3)] == [a, b, c]
 
+    def test_a_lane_held_by_a_stale_call_waits_for_it_and_is_dropped_when_empty(self):
+        # Given key a's call of an earlier assignment still running after a revoke
+        shards = ShardMap(ProcessingOrder.KEY)
+        old = item(0, b"a")
+        shards.add(TP, [old])
+        assert shards.take({}) is old
+        shards.remove_partition(TP)
+        shards.hold_for_stale(old)
+        # When the partition's new assignment brings record 0 of key a again
+        new = item(0, b"a")
+        shards.add(TP, [new])
+        # Then it waits for the stale call, runs after it, and the lane is dropped once empty
+        assert shards.take({}) is None
+        shards.stale_done(old)
+        assert shards.take({}) is new
+        shards.finished(new)
+        assert len(shards) == 0
+
     def test_empty_shards_are_dropped_and_revoke_forgets_waiting(self):
         shards = ShardMap(ProcessingOrder.KEY)
         a0 = item(0, b"a")
