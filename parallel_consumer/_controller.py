@@ -12,16 +12,15 @@ runner.
 
 from __future__ import annotations
 
-import enum
 import logging
 import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from parallel_consumer._clock import Clock
+from parallel_consumer._closing import STOP_TIMEOUT, Closing, Step
 from parallel_consumer._events import (
     CommitResult,
     Control,
@@ -46,7 +45,7 @@ from parallel_consumer.hooks import Hooks, NoHooks, StallReport
 from parallel_consumer.options import InvalidMetadataPolicy, Options, ProcessingOrder
 from parallel_consumer.retry import RetryQueue
 from parallel_consumer.runners.base import Handler, Runner
-from parallel_consumer.status import Lifecycle, PollerStatistics, Statistics
+from parallel_consumer.status import Lifecycle, PollerStatistics, Statistics, assemble_statistics
 from parallel_consumer.work.backpressure import Pauses
 from parallel_consumer.work.commits import CommitAnswer, CommitTracker, OffsetCommit
 from parallel_consumer.work.counters import Counters
@@ -62,12 +61,6 @@ __all__ = ["Controller"]
 
 log = logging.getLogger("parallel_consumer")
 
-#: After the work is done on close, how long the final commit may take to be acknowledged.
-FINAL_COMMIT_TIMEOUT = 10.0
-#: Least time between two attempts of a final commit that failed.
-FINAL_COMMIT_RETRY = 0.2
-#: How long the poller (and, after a failure, the workers) may take to stop.
-STOP_TIMEOUT = 10.0
 #: A record's failed attempts are logged at INFO, and at WARNING from this attempt on.
 WARN_FROM_ATTEMPT = 3
 
@@ -80,25 +73,6 @@ class PollerPort(Protocol):
     def join(self, timeout: float) -> bool: ...
 
     def statistics(self) -> PollerStatistics: ...
-
-
-class _ClosePhase(enum.Enum):
-    WORK = "work"  #: draining buffered records / waiting for in-flight calls
-    FINAL_COMMIT = "final_commit"  #: waiting for the broker to acknowledge the final commit
-    STOP_POLLER = "stop_poller"  #: waiting for the poller to close the client
-
-
-@dataclass(slots=True)
-class _Close:
-    request: Control
-    deadline: float
-    phase: _ClosePhase = _ClosePhase.WORK
-    #: Real time (time.monotonic) by which the final commit must be acknowledged.
-    commit_deadline: float = 0.0
-    #: Real time before which a failed final commit is not sent again.
-    next_commit_retry: float = 0.0
-    #: Real time (time.monotonic) by which the poller must have stopped.
-    poller_deadline: float = 0.0
 
 
 class Controller:
@@ -147,7 +121,7 @@ class Controller:
         )
         self._stall = StallWatch()
         self._next_commit = 0.0
-        self._close: _Close | None = None
+        self._close: Closing | None = None
 
     # -- other threads ------------------------------------------------------------------------
 
@@ -192,7 +166,7 @@ class Controller:
         finally:
             self.lifecycle = Lifecycle.CLOSED
             if self._close is not None:
-                self._close.request.reply.set_result(None)
+                self._close.reply.set_result(None)
             self._answer_pending_controls()
             if self._failure is not None:
                 self.stopped.set_exception(self._failure)
@@ -553,31 +527,22 @@ class Controller:
                 self.lifecycle = Lifecycle.RUNNING
             event.reply.set_result(self.lifecycle)
         elif action == "close":
-            if self._close is not None:
-                # Already closing: a stricter request (no drain, an earlier deadline) takes
-                # effect; both are answered when the close finishes.
-                self._tighten_close(event)
-                self._close.request.reply.add_done_callback(lambda _: event.reply.set_result(None))
+            timeout = self._options.shutdown_timeout if event.timeout is None else event.timeout
+            deadline = self._clock.monotonic() + timeout
+            if self._close is None:
+                self._close = Closing(event.reply, deadline, event.drain)
+                if event.drain:
+                    self.lifecycle = Lifecycle.DRAINING
+                else:
+                    self._stop_dispatching()
                 return
-            self._begin_close(event)
+            # Already closing: a stricter request (no drain, an earlier deadline) takes effect;
+            # both are answered when the close finishes.
+            if self._close.tighten(drain=event.drain, deadline=deadline):
+                self._stop_dispatching()
+            self._close.reply.add_done_callback(lambda _: event.reply.set_result(None))
         else:  # pragma: no cover - the facade sends only the actions above
             event.reply.set_exception(ValueError(f"unknown control action {action!r}"))
-
-    def _begin_close(self, event: Control) -> None:
-        timeout = self._options.shutdown_timeout if event.timeout is None else event.timeout
-        self._close = _Close(event, self._clock.monotonic() + timeout)
-        if event.drain:
-            self.lifecycle = Lifecycle.DRAINING
-        else:
-            self._stop_dispatching()
-
-    def _tighten_close(self, event: Control) -> None:
-        close = self._close
-        assert close is not None
-        timeout = self._options.shutdown_timeout if event.timeout is None else event.timeout
-        close.deadline = min(close.deadline, self._clock.monotonic() + timeout)
-        if not event.drain and self.lifecycle is Lifecycle.DRAINING:
-            self._stop_dispatching()
 
     def _stop_dispatching(self) -> None:
         """Close without drain: records not started stay for the partition's next owner."""
@@ -590,17 +555,24 @@ class Controller:
                 self._to_release += len(batch.items)
 
     def _close_step(self, now: float) -> bool:
-        """Advance the close; True when the controller may stop."""
+        """Carry out the close's next step; True when the controller may stop."""
         close = self._close
         assert close is not None
-        if close.phase is _ClosePhase.WORK:
-            in_flight = self._in_flight.records
-            if self.lifecycle is Lifecycle.DRAINING:
-                if (self._shards.waiting or self._retries or in_flight) and now < close.deadline:
-                    return False
-                self.lifecycle = Lifecycle.CLOSING
-            if in_flight and now < close.deadline:
-                return False
+        in_flight = self._in_flight.records
+        step = close.step(
+            now,
+            time.monotonic(),
+            work_left=bool(self._shards.waiting or self._retries or in_flight),
+            in_flight=bool(in_flight),
+            commit_pending=self._commits.has_pending(),
+            resend_final_commit=lambda: self._send_final_commits(now),
+            # Never a blocking join: the poller may be inside a revoke callback waiting for
+            # this thread's answer, which the loop keeps giving until the poller has stopped.
+            poller_stopped=lambda: self._poller.join(0.0),
+        )
+        if not close.drain and self.lifecycle is Lifecycle.DRAINING:
+            self.lifecycle = Lifecycle.CLOSING
+        if step is Step.STOP_RUNNER:
             if in_flight or self._shards.waiting or self._retries:
                 log.warning(
                     "closing with %d records in flight, %d waiting and %d waiting for a retry: "
@@ -611,51 +583,15 @@ class Controller:
                 )
             # From here on no handler call starts, whatever is still queued in the runner.
             self._runner.stop(timeout=0.0 if in_flight else 1.0)
-            self._send_commits(
-                self._commits.due(self._partitions.values(), now, final=True), final=True
-            )
-            close.phase = _ClosePhase.FINAL_COMMIT
-            close.commit_deadline = time.monotonic() + FINAL_COMMIT_TIMEOUT
-            return False
-        if close.phase is _ClosePhase.FINAL_COMMIT and not self._final_commit_done(now, close):
-            return False
-        if close.phase is _ClosePhase.FINAL_COMMIT:
+            self._send_final_commits(now)
+        elif step is Step.STOP_POLLER:
             self._poller.send(StopPoller())
-            close.phase = _ClosePhase.STOP_POLLER
-            close.poller_deadline = time.monotonic() + STOP_TIMEOUT
-            return False
-        # Not a blocking join: the poller may be inside a revoke callback waiting for this
-        # thread's answer, which the loop keeps giving until the poller has stopped.
-        if self._poller.join(0.0):
-            return True
-        if time.monotonic() >= close.poller_deadline:
-            log.warning("the poller did not stop in time")
-            return True
-        return False
+        return step is Step.DONE
 
-    def _final_commit_done(self, now: float, close: _Close) -> bool:
-        """The final commit is acknowledged, or given up on. One that failed is sent again
-        (at most every FINAL_COMMIT_RETRY) until FINAL_COMMIT_TIMEOUT, in real time: it waits
-        for the broker, not for the engine's clock."""
-        real_now = time.monotonic()
-        in_time = real_now < close.commit_deadline
-        if self._commits.has_pending():
-            if in_time:
-                return False
-            log.warning("the final commit was not acknowledged in time")
-            return True
-        if real_now < close.next_commit_retry:
-            return False
-        again = self._commits.due(self._partitions.values(), now, final=True)
-        if not again:
-            return True
-        if not in_time:
-            log.warning("the final commit failed and its time is up: %d partitions", len(again))
-            return True
-        log.info("the final commit failed; sending it again (%d partitions)", len(again))
-        close.next_commit_retry = real_now + FINAL_COMMIT_RETRY
-        self._send_commits(again, final=True)
-        return False
+    def _send_final_commits(self, now: float) -> bool:
+        commits = self._commits.due(self._partitions.values(), now, final=True)
+        self._send_commits(commits, final=True)
+        return bool(commits)
 
     def _emergency_stop(self) -> None:
         """After a failure: stop the workers and the poller without committing."""
@@ -684,38 +620,15 @@ class Controller:
     # -- views --------------------------------------------------------------------------------
 
     def statistics(self) -> Statistics:
-        counters = self._counters
-        commits = self._commits
-        retry_waiting = len(self._retries)
-        in_flight = self._in_flight.records
-        partitions = []
-        for tp, state in self._partitions.items():
-            size, status = commits.metadata(tp)
-            partitions.append(
-                state.snapshot(
-                    blocked=tp in commits.blocked, metadata_size=size, metadata_status=status
-                )
-            )
-        return Statistics(
-            lifecycle=self.lifecycle,
-            records_registered=counters.registered,
-            records_skipped=counters.skipped,
-            records_succeeded=counters.succeeded,
-            records_failed=counters.failed,
-            results_stale=counters.stale,
-            waiting=self._shards.waiting,
-            in_flight=in_flight,
-            retry_waiting=retry_waiting,
-            held=self._shards.waiting + in_flight + retry_waiting,
-            shards=len(self._shards),
-            commits_sent=counters.commits_sent,
-            commits_acknowledged=counters.commits_acknowledged,
-            commit_failures=counters.commit_failures,
-            paused_partitions=len(self._pauses.paused),
-            partition_pauses=self._pauses.count,
-            blocked_partitions=len(commits.blocked),
-            stalls=counters.stalls,
-            partitions=tuple(partitions),
+        return assemble_statistics(
+            self.lifecycle,
+            counters=self._counters,
+            shards=self._shards,
+            in_flight=self._in_flight,
+            retries=len(self._retries),
+            pauses=self._pauses,
+            commits=self._commits,
+            partitions=self._partitions.values(),
             poller=self._poller.statistics(),
         )
 

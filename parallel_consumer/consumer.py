@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaException
 
 from parallel_consumer._clock import Clock, SystemClock
-from parallel_consumer._controller import FINAL_COMMIT_TIMEOUT, STOP_TIMEOUT, Controller
+from parallel_consumer._closing import FINAL_COMMIT_TIMEOUT, STOP_TIMEOUT
+from parallel_consumer._controller import Controller
 from parallel_consumer._poller import Poller, RebalanceCallback
 from parallel_consumer.commit import ConsumerCommitter
 from parallel_consumer.context import PollContext

@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from parallel_consumer.work.partitions import PartitionSnapshot
+from parallel_consumer.work.backpressure import Pauses
+from parallel_consumer.work.commits import CommitTracker
+from parallel_consumer.work.counters import Counters
+from parallel_consumer.work.inflight import InFlight
+from parallel_consumer.work.partitions import PartitionSnapshot, PartitionState
+from parallel_consumer.work.shards import ShardMap
 
-__all__ = ["Lifecycle", "PartitionSnapshot", "PollerStatistics", "Statistics"]
+__all__ = [
+    "Lifecycle",
+    "PartitionSnapshot",
+    "PollerStatistics",
+    "Statistics",
+    "assemble_statistics",
+]
 
 
 class Lifecycle(enum.Enum):
@@ -84,3 +96,48 @@ class Statistics:
     partitions: tuple[PartitionSnapshot, ...]
     #: The poller's side (None before processing starts).
     poller: PollerStatistics | None = None
+
+
+def assemble_statistics(
+    lifecycle: Lifecycle,
+    *,
+    counters: Counters,
+    shards: ShardMap,
+    in_flight: InFlight,
+    retries: int,
+    pauses: Pauses,
+    commits: CommitTracker,
+    partitions: Iterable[PartitionState],
+    poller: PollerStatistics | None,
+) -> Statistics:
+    """One snapshot from the views of the controller's parts (on the controller thread)."""
+    snapshots = []
+    for state in partitions:
+        size, status = commits.metadata(state.tp)
+        snapshots.append(
+            state.snapshot(
+                blocked=state.tp in commits.blocked, metadata_size=size, metadata_status=status
+            )
+        )
+    return Statistics(
+        lifecycle=lifecycle,
+        records_registered=counters.registered,
+        records_skipped=counters.skipped,
+        records_succeeded=counters.succeeded,
+        records_failed=counters.failed,
+        results_stale=counters.stale,
+        waiting=shards.waiting,
+        in_flight=in_flight.records,
+        retry_waiting=retries,
+        held=shards.waiting + in_flight.records + retries,
+        shards=len(shards),
+        commits_sent=counters.commits_sent,
+        commits_acknowledged=counters.commits_acknowledged,
+        commit_failures=counters.commit_failures,
+        paused_partitions=len(pauses.paused),
+        partition_pauses=pauses.count,
+        blocked_partitions=len(commits.blocked),
+        stalls=counters.stalls,
+        partitions=tuple(snapshots),
+        poller=poller,
+    )
