@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from parallel_consumer._events import Commit, PollerCommand
+from parallel_consumer import Options
+from parallel_consumer._controller import Controller
+from parallel_consumer._events import Assignment, Commit, PartitionsAssigned, PollerCommand
+from parallel_consumer.commit import ConsumerCommitter
 from parallel_consumer.context import PollContext
 from parallel_consumer.status import PollerStatistics
+from parallel_consumer.testing.clock import FakeClock
 from parallel_consumer.work.commits import CommitAnswer
 
 
@@ -43,3 +47,20 @@ class IdleRunner:
 
     def stop(self, timeout: float) -> bool:
         return True
+
+
+def stepped_controller(clock: FakeClock, hooks: Any = None) -> Controller:
+    """A started controller without its thread (step it with ``run_once``), over a
+    :class:`StuckPoller` and an :class:`IdleRunner`, with t[0] assigned (epoch 1)."""
+    poller = StuckPoller()
+    controller = Controller(
+        Options(),
+        runner=IdleRunner(),
+        poller=poller,
+        committer=ConsumerCommitter(poller, Options().commit_mode),
+        clock=clock,
+        hooks=hooks,
+    )
+    controller.start(lambda ctx: None, thread=False)
+    controller.post(PartitionsAssigned((Assignment(("t", 0), 1, None, None),)))
+    return controller

@@ -15,20 +15,16 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, Message
-from doubles import IdleRunner, StuckPoller
+from doubles import stepped_controller
 
 from parallel_consumer import InternalError, NoHooks, Options, PollContext, Retry
-from parallel_consumer._controller import Controller
 from parallel_consumer._events import (
-    Assignment,
     Commit,
-    PartitionsAssigned,
     PartitionsRevoked,
     RecordUnreadable,
     StopPoller,
 )
 from parallel_consumer._poller import Poller
-from parallel_consumer.commit import ConsumerCommitter
 from parallel_consumer.testing.clock import FakeClock
 from parallel_consumer.testing.fakes import FakeCluster
 from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
@@ -228,17 +224,7 @@ def _kafka_tp(tp: tuple[str, int]) -> Any:
 
 def test_close_keeps_answering_a_revoke_while_it_waits_for_the_poller():
     # Given a controller that has committed and is waiting for the poller to stop
-    clock = FakeClock()
-    poller = StuckPoller()
-    controller = Controller(
-        Options(),
-        runner=IdleRunner(),
-        poller=poller,
-        committer=ConsumerCommitter(poller, Options().commit_mode),
-        clock=clock,
-    )
-    controller.start(lambda ctx: None, thread=False)
-    controller.post(PartitionsAssigned((Assignment(("t", 0), 1, None, None),)))
+    controller = stepped_controller(FakeClock())
     controller.request("close", drain=False, timeout=0)
     started = time.monotonic()
     for _ in range(5):

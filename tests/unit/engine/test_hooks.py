@@ -7,12 +7,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from doubles import IdleRunner, StuckPoller
+from confluent_kafka import Message
+from doubles import stepped_controller
 
 from parallel_consumer import ConfigurationError, NoHooks, Options, PollContext, StallReport
-from parallel_consumer._controller import Controller
-from parallel_consumer._events import Assignment, PartitionsAssigned, RecordsPolled
-from parallel_consumer.commit import ConsumerCommitter
+from parallel_consumer._events import RecordsPolled
 from parallel_consumer.testing.clock import FakeClock
 from parallel_consumer.work.stall import StallWatch
 
@@ -117,26 +116,14 @@ def test_the_stall_watch_reports_once_per_episode():
 def test_records_that_cannot_be_dispatched_are_reported_as_a_stall():
     # Given a controller whose shards (by an injected fault) never hand out a waiting record
     clock = FakeClock()
-    poller = StuckPoller()
     reports: list[StallReport] = []
 
     class Hooks(NoHooks):
         def on_stall(self, report: StallReport) -> None:
             reports.append(report)
 
-    controller = Controller(
-        Options(),
-        runner=IdleRunner(),
-        poller=poller,
-        committer=ConsumerCommitter(poller, Options().commit_mode),
-        clock=clock,
-        hooks=Hooks(),
-    )
-    controller.start(lambda ctx: None, thread=False)
+    controller = stepped_controller(clock, hooks=Hooks())
     controller._shards.take = lambda blocked: None  # type: ignore[method-assign]
-    from confluent_kafka import Message
-
-    controller.post(PartitionsAssigned((Assignment(("t", 0), 1, None, None),)))
     controller.post(RecordsPolled({("t", 0): (1, [Message(topic="t", partition=0, offset=0)])}))
     controller.run_once(block=False)
     # When a second passes without progress
