@@ -203,7 +203,7 @@ class Controller:
         if now >= self._next_commit:
             self._send_commits(self._commits.due(self._partitions.values(), now))
             self._next_commit = now + self._options.commit_interval
-        if self._pauses.due(now, self._starving()):
+        if self._pauses.due(now, self._starving):
             self._update_pauses(now)
         release = self._to_release
         if release and (release >= self._credit_chunk or self._shards.waiting < self._credit_chunk):

@@ -75,16 +75,14 @@ REQUEST_TIMEOUT = 10.0
 #: as lost (the controller sends them again).
 MAX_UNANSWERED_COMMITS = 64
 
+_MAP_TOO_LARGE = (
+    "the offset map is larger than the broker's offset.metadata.max.bytes; set "
+    "Options(max_metadata_bytes=...) to at most that value"
+)
 #: Commit errors that fail again however often they are retried.
 _PERMANENT_COMMIT_ERRORS = {
-    KafkaError.OFFSET_METADATA_TOO_LARGE: (
-        "the offset map is larger than the broker's offset.metadata.max.bytes; set "
-        "Options(max_metadata_bytes=...) to at most that value"
-    ),
-    KafkaError.INVALID_COMMIT_OFFSET_SIZE: (
-        "the offset map is larger than the broker's offset.metadata.max.bytes; set "
-        "Options(max_metadata_bytes=...) to at most that value"
-    ),
+    KafkaError.OFFSET_METADATA_TOO_LARGE: _MAP_TOO_LARGE,
+    KafkaError.INVALID_COMMIT_OFFSET_SIZE: _MAP_TOO_LARGE,
     KafkaError.TOPIC_AUTHORIZATION_FAILED: "the consumer may not commit for this topic",
     KafkaError.GROUP_AUTHORIZATION_FAILED: "the consumer may not commit for this group",
     KafkaError.INVALID_GROUP_ID: "the group.id is not valid",

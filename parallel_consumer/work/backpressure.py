@@ -12,7 +12,7 @@ not here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Set
+from collections.abc import Callable, Mapping, Set
 
 from parallel_consumer.work.item import TopicPartition
 
@@ -83,10 +83,11 @@ class Pauses:
         #: Partitions paused so far.
         self.count = 0
 
-    def due(self, now: float, starving: bool) -> bool:
+    def due(self, now: float, starving: Callable[[], bool]) -> bool:
+        """Time to decide again; ``starving`` is asked only when the answer depends on it."""
         if self.stale:
             return True
-        return now >= self.next_check and (bool(self.paused) or starving)
+        return now >= self.next_check and (bool(self.paused) or starving())
 
     def wake_at(self) -> float | None:
         return self.next_check if self.paused else None

@@ -51,12 +51,6 @@ class InFlight:
             self.records -= len(batch.items)
         return batch
 
-    def oldest_start(self) -> float | None:
-        # Insertion order is start order: the first entry is the oldest.
-        for batch in self._batches.values():
-            return batch.started_at
-        return None
-
     def __iter__(self) -> Iterator[Batch]:
         return iter(self._batches.values())
 
