@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from parallel_consumer.consumer import ParallelConsumer
 from parallel_consumer.context import PollContext, RecordContext
-from parallel_consumer.errors import ConfigurationError, InternalError, ParallelConsumerError, Retry
+from parallel_consumer.errors import (
+    ConfigurationError,
+    InternalError,
+    ParallelConsumerError,
+    ProduceError,
+    Retry,
+)
 from parallel_consumer.hooks import Hooks, NoHooks, StallReport
 from parallel_consumer.options import (
     CommitMode,
@@ -16,6 +22,7 @@ from parallel_consumer.options import (
     ProcessingOrder,
     RunnerKind,
 )
+from parallel_consumer.produce import ProduceResult, ProducerRecord
 from parallel_consumer.status import Lifecycle, PartitionSnapshot, PollerStatistics, Statistics
 
 __all__ = [
@@ -33,6 +40,9 @@ __all__ = [
     "PollContext",
     "PollerStatistics",
     "ProcessingOrder",
+    "ProduceError",
+    "ProduceResult",
+    "ProducerRecord",
     "RecordContext",
     "Retry",
     "RunnerKind",

@@ -16,6 +16,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
 
@@ -25,6 +26,7 @@ from parallel_consumer._events import (
     CommitResult,
     Control,
     ControllerEvent,
+    OutputsDelivered,
     PartitionsAssigned,
     PartitionsLost,
     PartitionsRevoked,
@@ -38,11 +40,13 @@ from parallel_consumer._events import (
     StopPoller,
     WorkDone,
 )
+from parallel_consumer._producer import Outputs
 from parallel_consumer.commit import Committer
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.errors import InternalError, Retry
 from parallel_consumer.hooks import Hooks, NoHooks, StallReport
 from parallel_consumer.options import InvalidMetadataPolicy, Options, ProcessingOrder
+from parallel_consumer.produce import ProduceError, ProduceResult, outputs_of
 from parallel_consumer.retry import RetryQueue
 from parallel_consumer.runners.base import Handler, Runner
 from parallel_consumer.status import Lifecycle, PollerStatistics, Statistics, assemble_statistics
@@ -50,9 +54,10 @@ from parallel_consumer.work.backpressure import Pauses
 from parallel_consumer.work.commits import CommitAnswer, CommitTracker, OffsetCommit
 from parallel_consumer.work.counters import Counters
 from parallel_consumer.work.credit import credit_chunk
-from parallel_consumer.work.inflight import InFlight
+from parallel_consumer.work.inflight import Batch, InFlight
 from parallel_consumer.work.item import TopicPartition, WorkItem
 from parallel_consumer.work.outcomes import RetryAt, decide
+from parallel_consumer.work.outputs import Pending, PendingOutputs, TransactionGate
 from parallel_consumer.work.partitions import PartitionState, restored_state
 from parallel_consumer.work.shards import ShardMap, shard_key_for
 from parallel_consumer.work.stall import StallWatch
@@ -122,6 +127,19 @@ class Controller:
         self._stall = StallWatch()
         self._next_commit = 0.0
         self._close: Closing | None = None
+        # -- poll_and_produce (None / unused for poll) --
+        self._outputs: Outputs | None = None
+        self._produces = False
+        self._on_produced: Callable[[ProduceResult], object] | None = None
+        self._pending = PendingOutputs()
+        #: The transactional mode's gate (None in the consumer commit modes).
+        self._gate: TransactionGate | None = None
+        #: Revokes waiting for the transaction that commits their partitions (transactional).
+        self._revokes: list[PartitionsRevoked] = []
+        #: Transactional mode: the failures of records not yet finished, by (tp, offset). An
+        #: aborted transaction rewinds their partitions; the records come again and keep
+        #: their attempts (a failed output aborts the transaction it was sent in).
+        self._history: dict[tuple[TopicPartition, int], tuple[int, BaseException, Any]] = {}
 
     # -- other threads ------------------------------------------------------------------------
 
@@ -129,12 +147,25 @@ class Controller:
         """Thread-safe: queue an event for the controller."""
         self._inbox.put(event)
 
-    def start(self, handler: Handler, *, thread: bool = True) -> None:
+    def start(
+        self,
+        handler: Handler,
+        *,
+        thread: bool = True,
+        outputs: Outputs | None = None,
+        on_produced: Callable[[ProduceResult], object] | None = None,
+    ) -> None:
         """Start the runner and (unless ``thread=False``, for tests stepping with
-        :meth:`run_once`) the controller thread."""
+        :meth:`run_once`) the controller thread. With ``outputs`` the handler's return values
+        are outputs to produce (``poll_and_produce``); ``on_produced`` sees each delivered one."""
+        self._outputs = outputs
+        self._produces = outputs is not None
+        self._on_produced = on_produced
+        if outputs is not None and outputs.transactional:
+            self._gate = TransactionGate()
         self._runner.start(handler, self.post)
         self.lifecycle = Lifecycle.RUNNING
-        self._next_commit = self._clock.monotonic() + self._options.commit_interval
+        self._next_commit = self._clock.monotonic() + self._options.commit_every
         if thread:
             self._thread.start()
 
@@ -164,6 +195,10 @@ class Controller:
                 self._failure.__cause__ = exc
             self._emergency_stop()
         finally:
+            for revoke in self._revokes:
+                revoke.reply.set_result(None)
+            if self._outputs is not None:
+                self._outputs.close(abort=self._failure is not None)
             self.lifecycle = Lifecycle.CLOSED
             if self._close is not None:
                 self._close.reply.set_result(None)
@@ -201,8 +236,13 @@ class Controller:
             self._shards.unpark(tp)
         self._dispatch(now)
         if now >= self._next_commit:
-            self._send_commits(self._commits.due(self._partitions.values(), now))
-            self._next_commit = now + self._options.commit_interval
+            if self._gate is None:
+                self._send_commits(self._commits.due(self._partitions.values(), now))
+            elif self._gate.outputs or any(s.dirty for s in self._partitions.values()):
+                self._gate.wanted = True
+            self._next_commit = now + self._options.commit_every
+        if self._gate is not None:
+            self._advance_transaction(now)
         if self._pauses.due(now, self._starving):
             self._update_pauses(now)
         release = self._to_release
@@ -238,6 +278,9 @@ class Controller:
         if isinstance(event, WorkDone):
             self._on_work_done(event)
             return
+        if isinstance(event, OutputsDelivered):
+            self._on_delivered(event)
+            return
         # Anything else may change the assignment, the lifecycle or the backlog.
         self._pauses.stale = True
         if isinstance(event, RecordsPolled):
@@ -251,6 +294,7 @@ class Controller:
         elif isinstance(event, PartitionsLost):
             for tp in event.tps:
                 self._forget(tp)
+            self._forget_history(event.tps)
             self._hooks.on_rebalance("lost", event.tps)
         elif isinstance(event, PositionsReached):
             for tp, epoch, offset in event.positions:
@@ -284,10 +328,18 @@ class Controller:
             if skipped:
                 counters.skipped += skipped
                 self._to_release += skipped
-            shards.add(
-                tp, [WorkItem(m, tp, shard_key_for(ordering, tp, m.key()), epoch) for m in fresh]
-            )
+            items = [WorkItem(m, tp, shard_key_for(ordering, tp, m.key()), epoch) for m in fresh]
+            if self._history:
+                self._recall_failures(tp, items)
+            shards.add(tp, items)
             counters.registered += len(fresh)
+
+    def _recall_failures(self, tp: TopicPartition, items: list[WorkItem]) -> None:
+        history = self._history
+        for item in items:
+            past = history.get((tp, item.offset))
+            if past is not None:
+                item.attempts, item.last_failure, item.last_failure_at = past
 
     def _on_assigned(self, event: PartitionsAssigned) -> None:
         fail = self._options.invalid_metadata_policy is InvalidMetadataPolicy.FAIL
@@ -306,7 +358,15 @@ class Controller:
     def _on_revoked(self, event: PartitionsRevoked) -> None:
         """The poller waits inside its revoke callback until ``reply`` resolves, running the
         commands it receives meanwhile: the final commit sent here reaches the broker before
-        the partitions are let go, and after every commit sent for them earlier."""
+        the partitions are let go, and after every commit sent for them earlier.
+
+        Transactional mode: the revoked partitions' offsets must commit in the transaction
+        that holds their outputs, so the revoke waits for that transaction's commit (sent once
+        every output sent so far was acknowledged, see _advance_transaction)."""
+        if self._gate is not None:
+            self._revokes.append(event)
+            self._gate.wanted = True
+            return
         now = self._clock.monotonic()
         final = []
         for tp in event.tps:
@@ -321,6 +381,11 @@ class Controller:
         event.reply.set_result(None)
         self._hooks.on_rebalance("revoked", event.tps)
 
+    def _forget_history(self, tps: Sequence[TopicPartition]) -> None:
+        if self._history:
+            gone = set(tps)
+            self._history = {k: v for k, v in self._history.items() if k[0] not in gone}
+
     def _forget(self, tp: TopicPartition) -> None:
         state = self._partitions.pop(tp, None)
         if state is None:
@@ -328,10 +393,11 @@ class Controller:
         self._to_release += self._shards.remove_partition(tp)
         self._to_release += self._retries.forget(tp)
         self._commits.forget(tp)
-        # Its records in flight come back as stale results and return their credit then; until
-        # they do, their lanes stay busy for the partition's next assignment.
-        # (Calls of still earlier assignments are held already.)
-        for batch in self._in_flight:
+        # Its records in flight (or whose outputs are on their way) come back as stale results
+        # and return their credit then; until they do, their lanes stay busy for the
+        # partition's next assignment. (Those of still earlier assignments are held already.)
+        batches = [*self._in_flight, *(p.batch for p in self._pending)]
+        for batch in batches:
             for item in batch.items:
                 if item.tp == tp and item.epoch == state.epoch:
                     self._shards.hold_for_stale(item)
@@ -372,10 +438,30 @@ class Controller:
         if batch is None:
             return  # taken back from the runner on close
         self._hooks.on_work_done(batch.id, event.errors, event.finished_at - batch.started_at)
+        errors = event.errors
+        if self._produces and not any(errors):
+            try:
+                outputs = outputs_of(event.value)
+            except TypeError as exc:
+                errors = (exc,) * len(batch.items)
+            else:
+                if outputs:
+                    pending = Pending(batch, outputs)
+                    if self._gate is None or self._gate.open:
+                        self._send_outputs(pending)
+                    else:
+                        self._pending.queue(pending)
+                    return
+        self._settle(batch, errors, event.finished_at)
+
+    def _settle(
+        self, batch: Batch, errors: Sequence[BaseException | None], finished_at: float
+    ) -> None:
+        """Carry out the outcome of each record of a finished call."""
         partitions = self._partitions
         counters = self._counters
         blocked = self._commits.blocked
-        for item, error in zip(batch.items, event.errors, strict=True):
+        for item, error in zip(batch.items, errors, strict=True):
             state = partitions.get(item.tp)
             if state is None or state.epoch != item.epoch:
                 counters.stale += 1
@@ -386,17 +472,103 @@ class Controller:
                 counters.succeeded += 1
                 self._to_release += 1
                 state.succeeded(item.offset)
+                if item.attempts and self._history:
+                    self._history.pop((item.tp, item.offset), None)
                 self._shards.finished(item)
                 if blocked and item.tp in blocked:
                     self._commits.after_success(state)
             else:
                 counters.failed += 1
-                self._failed(item, error, event.finished_at)
+                self._failed(item, error, finished_at)
+
+    # -- outputs (poll_and_produce) ---------------------------------------------------------------
+
+    def _send_outputs(self, pending: Pending) -> None:
+        partitions = self._partitions
+        for item in pending.batch.items:
+            state = partitions.get(item.tp)
+            if state is None or state.epoch != item.epoch:
+                # Part of the call's input is no longer ours: its outputs cannot be told apart,
+                # so none is sent; the records still ours run again.
+                error = ProduceError("not produced: the call's partition was revoked meanwhile")
+                errors = (error,) * len(pending.batch.items)
+                self._settle(pending.batch, errors, self._clock.monotonic())
+                return
+        assert self._outputs is not None
+        self._pending.sending(pending)
+        if self._gate is not None:
+            self._gate.outputs += len(pending.outputs)
+        self._counters.outputs_sent += len(pending.outputs)
+        self._outputs.send(pending.batch.id, pending.outputs)
+
+    def _on_delivered(self, event: OutputsDelivered) -> None:
+        pending = self._pending.delivered(event.batch)
+        if pending is None:  # pragma: no cover - every call is reported once
+            return
+        batch = pending.batch
+        now = self._clock.monotonic()
+        failures = [r for r in event.results if isinstance(r, BaseException)]
+        if failures:
+            failure = failures[0]
+            self._counters.outputs_failed += len(failures)
+            if self._gate is not None:
+                # The transaction holds a failed send: it cannot commit. Abort it (at once).
+                self._gate.wanted = True
+            self._settle(batch, (failure,) * len(batch.items), now)
+            return
+        self._counters.outputs_acknowledged += len(pending.outputs)
+        if self._on_produced is not None:
+            self._report_produced(pending, event.results)
+        self._settle(batch, (None,) * len(batch.items), now)
+
+    def _report_produced(
+        self, pending: Pending, results: Sequence[tuple[int, int] | BaseException | None]
+    ) -> None:
+        assert self._on_produced is not None
+        context = PollContext(
+            [
+                RecordContext(i.message, i.attempts, i.last_failure, i.last_failure_at)
+                for i in pending.batch.items
+            ]
+        )
+        for record, result in zip(pending.outputs, results, strict=True):
+            assert isinstance(result, tuple)
+            try:
+                self._on_produced(ProduceResult(context, record, result[0], result[1]))
+            except Exception:
+                log.error("on_produced(%r) raised; ignored", record, exc_info=True)
+
+    def _advance_transaction(self, now: float) -> None:
+        """Transactional mode: commit once wanted and every sent output is acknowledged;
+        let held-back outputs go once the gate is open again."""
+        gate = self._gate
+        assert gate is not None
+        if gate.ready(bool(self._pending.delivering)):
+            revokes, self._revokes = self._revokes, []
+            commits = self._commits.due(self._partitions.values(), now, final=bool(revokes))
+            if commits or gate.outputs:
+                gate.sent()
+                self._send_commits(commits, final=bool(revokes))
+            else:
+                gate.skipped()
+            for event in revokes:
+                # The commit of their partitions was sent before this answer: the poller runs
+                # it inside its revoke callback, while they are still ours.
+                for tp in event.tps:
+                    self._forget(tp)
+                self._forget_history(event.tps)
+                event.reply.set_result(None)
+                self._hooks.on_rebalance("revoked", event.tps)
+        if gate.open and self._pending.queued:
+            for pending in self._pending.take_queued():
+                self._send_outputs(pending)
 
     def _failed(self, item: WorkItem, error: BaseException, finished_at: float) -> None:
         item.attempts += 1
         item.last_failure = error
         item.last_failure_at = self._clock.now()
+        if self._gate is not None:
+            self._history[(item.tp, item.offset)] = (item.attempts, error, item.last_failure_at)
         record = RecordContext(item.message, item.attempts, error, item.last_failure_at)
         decision = decide(error, record, finished_at, self._options)
         assert isinstance(decision, RetryAt)
@@ -428,8 +600,8 @@ class Controller:
     # -- commits ------------------------------------------------------------------------------
 
     def _send_commits(self, commits: list[OffsetCommit], *, final: bool = False) -> None:
-        if not commits:
-            return
+        if not commits and self._gate is None:
+            return  # (a transaction commits its outputs even when no offset moved)
         self._counters.commits_sent += len(commits)
         answer = self._committer.commit(commits, final=final)
         answer.add_done_callback(self._post_answer)
@@ -439,6 +611,8 @@ class Controller:
         self.post(CommitResult(answer.result()))
 
     def _on_commit_result(self, answers: tuple[CommitAnswer, ...]) -> None:
+        if self._gate is not None:
+            self._gate.answered()
         counters = self._counters
         for answer in answers:
             commit = answer.commit
@@ -494,6 +668,7 @@ class Controller:
             stalled=bool(
                 self._shards.waiting
                 and not self._in_flight
+                and not self._pending
                 and not self._retries
                 and self.lifecycle in (Lifecycle.RUNNING, Lifecycle.DRAINING)
             ),
@@ -558,13 +733,15 @@ class Controller:
         """Carry out the close's next step; True when the controller may stop."""
         close = self._close
         assert close is not None
-        in_flight = self._in_flight.records
+        # Records whose outputs are on their way (or held back) are in flight too.
+        in_flight = self._in_flight.records + self._pending.records
         step = close.step(
             now,
             time.monotonic(),
             work_left=bool(self._shards.waiting or self._retries or in_flight),
             in_flight=bool(in_flight),
-            commit_pending=self._commits.has_pending(),
+            commit_pending=self._commits.has_pending()
+            or (self._gate is not None and not self._gate.open),
             resend_final_commit=lambda: self._send_final_commits(now),
             # Never a blocking join: the poller may be inside a revoke callback waiting for
             # this thread's answer, which the loop keeps giving until the poller has stopped.
@@ -589,6 +766,14 @@ class Controller:
         return step is Step.DONE
 
     def _send_final_commits(self, now: float) -> bool:
+        gate = self._gate
+        if gate is not None:
+            # The transaction commits once the outputs sent are acknowledged (and takes the
+            # offsets of their records with it): see _advance_transaction.
+            if gate.outputs or any(s.dirty for s in self._partitions.values()):
+                gate.wanted = True
+                return True
+            return False
         commits = self._commits.due(self._partitions.values(), now, final=True)
         self._send_commits(commits, final=True)
         return bool(commits)
@@ -625,6 +810,7 @@ class Controller:
             counters=self._counters,
             shards=self._shards,
             in_flight=self._in_flight,
+            delivering=self._pending.records,
             retries=len(self._retries),
             pauses=self._pauses,
             commits=self._commits,

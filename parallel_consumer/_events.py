@@ -18,6 +18,7 @@ __all__ = [
     "Control",
     "ControllerEvent",
     "OffsetCommit",
+    "OutputsDelivered",
     "PartitionsAssigned",
     "PartitionsLost",
     "PartitionsRevoked",
@@ -29,6 +30,7 @@ __all__ = [
     "Release",
     "SetPaused",
     "StopPoller",
+    "Transact",
     "WorkDone",
 ]
 
@@ -128,6 +130,19 @@ class WorkDone:
     finished_at: float  # clock.monotonic() when the call ended
 
 
+# -- producer -> controller -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OutputsDelivered:
+    """Every output of one handler call (batch id) is settled: per output, in the order the
+    handler returned them, ``(partition, offset)`` where the broker acknowledged it, or the
+    exception that says why it was not delivered."""
+
+    batch: int
+    results: tuple[tuple[int, int] | BaseException | None, ...]
+
+
 # -- user thread -> controller ----------------------------------------------------------------
 
 
@@ -152,6 +167,7 @@ ControllerEvent = (
     | RecordUnreadable
     | PollerFailed
     | WorkDone
+    | OutputsDelivered
     | Control
 )
 
@@ -167,6 +183,17 @@ class Commit:
 
     offsets: tuple[OffsetCommit, ...]
     sync: bool
+    reply: Future[tuple[CommitAnswer, ...]] = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Transact:
+    """Transactional mode: add these offsets to the open transaction, commit it, begin the
+    next. On an abortable error the poller aborts, rewinds every partition it keeps to its
+    committed offset (new epochs, posted as PartitionsAssigned before the answer) and answers
+    every offset as failed; on a fatal one it answers them as permanent failures."""
+
+    offsets: tuple[OffsetCommit, ...]
     reply: Future[tuple[CommitAnswer, ...]] = field(compare=False)
 
 
@@ -189,4 +216,4 @@ class StopPoller:
     """Close the Kafka client and end the poller thread."""
 
 
-PollerCommand = Commit | SetPaused | Release | StopPoller
+PollerCommand = Commit | Transact | SetPaused | Release | StopPoller

@@ -48,7 +48,10 @@ from parallel_consumer._events import (
     Release,
     SetPaused,
     StopPoller,
+    Transact,
 )
+from parallel_consumer._producer import Outputs, TransactionOutcome
+from parallel_consumer.errors import InternalError
 from parallel_consumer.offsets import read_committed_metadata
 from parallel_consumer.status import PollerStatistics
 from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
@@ -135,6 +138,13 @@ class Poller:
         #: Records the client delivered beyond the credit (see _hand_over), in order.
         self._overflow: deque[Any] = deque()
         self._stopping = False
+        #: The producer whose transactions this poller runs (transactional mode only).
+        self._outputs: Outputs | None = None
+        #: Partitions being revoked right now (inside the revoke callback).
+        self._revoking: frozenset[TopicPartition] = frozenset()
+        #: Per partition: the first offset the client delivered in this assignment (where a
+        #: rewind goes when nothing was committed yet).
+        self._first_seen: dict[TopicPartition, int] = {}
         #: The latest snapshot for other threads: replaced whole, never changed in place.
         self._published: tuple[int, int, int, float | None, float | None] = (0, 0, 0, None, None)
 
@@ -150,6 +160,10 @@ class Poller:
         self._subscription = topics
         self._user_on_assign = on_assign
         self._user_on_revoke = on_revoke
+
+    def run_transactions(self, outputs: Outputs) -> None:
+        """Run the transactions of ``outputs`` (before :meth:`start`)."""
+        self._outputs = outputs
 
     def start(self) -> None:
         self._thread.start()
@@ -280,6 +294,8 @@ class Poller:
                 self._stalled_since = None
         elif isinstance(command, Commit):
             self._commit(command)
+        elif isinstance(command, Transact):
+            self._transact(command)
         elif isinstance(command, SetPaused):
             self._wanted_paused = command.tps
         elif isinstance(command, StopPoller):
@@ -319,8 +335,11 @@ class Poller:
             if batch is None:
                 batch = batches[tp] = (epochs[tp], [])
             batch[1].append(message)
+        first_seen = self._first_seen
         for tp, (_, batch_messages) in batches.items():
             self._delivered_to[tp] = batch_messages[-1].offset() + 1
+            if tp not in first_seen:
+                first_seen[tp] = batch_messages[0].offset()
         self._credit.take(len(messages))
         self._post(RecordsPolled(batches))
 
@@ -421,6 +440,80 @@ class Poller:
         errors = {(r.topic, r.partition): r.error for r in answer or ()}
         return tuple(_answer(c, errors.get(c.tp)) for c in commits)
 
+    def _transact(self, command: Transact) -> None:
+        """Commit the open transaction with these offsets (see :class:`Transact`)."""
+        outputs = self._outputs
+        assert outputs is not None, "Transact needs run_transactions()"
+        live: list[OffsetCommit] = []
+        dropped: list[CommitAnswer] = []
+        for commit in command.offsets:
+            if self._epochs.get(commit.tp) == commit.epoch:
+                live.append(commit)
+            else:
+                dropped.append(CommitAnswer(commit, "the partition is no longer assigned"))
+        request = [_request(c) for c in live]
+        metadata = self._consumer.consumer_group_metadata() if request else None
+        outcome, reason = outputs.transact(request, metadata)
+        if outcome is TransactionOutcome.COMMITTED:
+            command.reply.set_result((*dropped, *(CommitAnswer(c) for c in live)))
+            return
+        if outcome is TransactionOutcome.ABORTED:
+            # Outputs and offsets of the aborted transaction are gone, while the controller
+            # counts their records as finished: start every partition again from its committed
+            # offset (under a new epoch, so nothing of the old one is produced or committed).
+            self._rewind()
+            failure = f"transaction aborted ({reason}); processing again from the committed offset"
+            command.reply.set_result((*dropped, *(CommitAnswer(c, failure) for c in live)))
+            return
+        command.reply.set_result(
+            (*dropped, *(CommitAnswer(c, reason, permanent=True) for c in live))
+        )
+        if not live:
+            # Nothing to carry the failure to the controller: stop through the poller instead.
+            raise InternalError(reason)
+
+    def _rewind(self) -> None:
+        """Seek every partition kept (not being revoked) back to its committed offset and post
+        it as assigned again, under a new epoch."""
+        tps = [tp for tp in self._epochs if tp not in self._revoking]
+        if not tps:
+            return
+        request = [KafkaTopicPartition(t, p) for t, p in tps]
+        # Strict: a rewind to a guessed offset would produce outputs committed before again.
+        answer = self._consumer.committed(request, timeout=REQUEST_TIMEOUT)
+        committed = {
+            (r.topic, r.partition): (r.offset, read_committed_metadata(r))
+            for r in answer
+            if r.error is None and r.offset >= 0
+        }
+        self._next_epoch += 1
+        epoch = self._next_epoch
+        gone = set(tps)
+        if self._overflow:
+            self._overflow = deque(
+                m for m in self._overflow if (m.topic(), m.partition()) not in gone
+            )
+        assignments = []
+        for tp in tps:
+            found = committed.get(tp)
+            offset = found[0] if found is not None else self._first_seen.get(tp)
+            self._epochs[tp] = epoch
+            self._positions.pop(tp, None)
+            self._delivered_to.pop(tp, None)
+            self._first_seen.pop(tp, None)
+            if offset is not None:
+                self._consumer.seek(KafkaTopicPartition(tp[0], tp[1], offset))
+            assignments.append(
+                Assignment(
+                    tp,
+                    epoch,
+                    None if found is None else found[0],
+                    None if found is None else found[1],
+                )
+            )
+        log.warning("rewound %s to the committed offsets", ", ".join(f"{t}[{p}]" for t, p in tps))
+        self._post(PartitionsAssigned(tuple(assignments)))
+
     def _on_commit(self, error: Any, partitions: list[Any]) -> None:
         """The client's ``on_commit`` callback (served inside ``consume()`` on this thread).
 
@@ -453,6 +546,7 @@ class Poller:
             self._epochs[tp] = epoch
             self._positions.pop(tp, None)
             self._delivered_to.pop(tp, None)
+            self._first_seen.pop(tp, None)
             found = committed.get(tp)
             offset, metadata = found if found is not None else (None, None)
             assignments.append(Assignment(tp, epoch, offset, metadata, exact_metadata=exact))
@@ -505,6 +599,7 @@ class Poller:
             self._paused.discard(tp)
             self._positions.pop(tp, None)
             self._delivered_to.pop(tp, None)
+            self._first_seen.pop(tp, None)
         return tps
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
@@ -512,6 +607,7 @@ class Poller:
         log.info("revoked %s", _names(partitions))
         if not self._stopping:
             tps = tuple((p.topic, p.partition) for p in partitions)
+            self._revoking = frozenset(tps)
             reply: Future[None] = Future()
             self._post(PartitionsRevoked(tps, reply))
             # Run what the controller sends meanwhile (commits queued earlier, then the final
@@ -538,6 +634,7 @@ class Poller:
                     _names(partitions),
                     REVOKE_TIMEOUT,
                 )
+        self._revoking = frozenset()
         self._forget(partitions)
         self._call_user(self._user_on_revoke, consumer, partitions)
 

@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Protocol
 
-from parallel_consumer._events import Commit, PollerCommand
+from parallel_consumer._events import Commit, PollerCommand, Transact
 from parallel_consumer.options import CommitMode
 from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
 
-__all__ = ["Committer", "ConsumerCommitter"]
+__all__ = ["Committer", "ConsumerCommitter", "TransactionalCommitter"]
 
 
 class _CommandSink(Protocol):
@@ -55,3 +55,28 @@ class ConsumerCommitter:
 
     def __repr__(self) -> str:
         return f"<ConsumerCommitter {'sync' if self._sync else 'async'}>"
+
+
+class TransactionalCommitter:
+    """``PERIODIC_TRANSACTIONAL_PRODUCER``: offsets commit inside the producer's transaction,
+    atomically with the outputs produced in it (exactly-once for Kafka-to-Kafka pipelines).
+
+    The poller runs the transaction's requests (it holds the consumer's group metadata, with
+    which the broker fences a zombie after a rebalance, KIP-447); the controller sends nothing
+    while they run and only once every output of the transaction was acknowledged. An empty
+    ``offsets`` still commits the transaction (outputs of records whose partitions did not
+    move are in it).
+    """
+
+    def __init__(self, poller: _CommandSink) -> None:
+        self._poller = poller
+
+    def commit(
+        self, offsets: Sequence[OffsetCommit], *, final: bool = False
+    ) -> Future[tuple[CommitAnswer, ...]]:
+        reply: Future[tuple[CommitAnswer, ...]] = Future()
+        self._poller.send(Transact(tuple(offsets), reply=reply))
+        return reply
+
+    def __repr__(self) -> str:
+        return "<TransactionalCommitter>"

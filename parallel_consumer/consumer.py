@@ -9,23 +9,27 @@ from __future__ import annotations
 import inspect
 import itertools
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import Consumer, KafkaException, Producer
 
 from parallel_consumer._clock import Clock, SystemClock
 from parallel_consumer._closing import FINAL_COMMIT_TIMEOUT, STOP_TIMEOUT
 from parallel_consumer._controller import Controller
 from parallel_consumer._poller import Poller, RebalanceCallback
-from parallel_consumer.commit import ConsumerCommitter
+from parallel_consumer._producer import Outputs
+from parallel_consumer.commit import Committer, ConsumerCommitter, TransactionalCommitter
 from parallel_consumer.context import PollContext
-from parallel_consumer.errors import ConfigurationError
+from parallel_consumer.errors import ConfigurationError, ParallelConsumerError
 from parallel_consumer.hooks import Hooks, guarded
 from parallel_consumer.options import Options, RunnerKind
+from parallel_consumer.produce import ProduceResult
 from parallel_consumer.runners.base import Runner
 from parallel_consumer.runners.threads import ThreadRunner
 from parallel_consumer.status import Lifecycle, Statistics
@@ -35,6 +39,10 @@ __all__ = ["ParallelConsumer"]
 log = logging.getLogger("parallel_consumer")
 
 F = TypeVar("F", bound=Callable[[PollContext], object])
+OnProduced = Callable[[ProduceResult], object]
+
+#: Producer settings the library relies on: delivery reports for every output.
+_RESERVED_PRODUCER_SETTINGS = ("on_delivery", "delivery.report.only.error", "dr_cb", "dr_msg_cb")
 
 _instances = itertools.count(1)
 _REQUEST_TIMEOUT = 10.0
@@ -69,14 +77,65 @@ def _checked_config(config: object) -> dict[str, Any]:
     return result
 
 
+def _checked_producer_config(
+    config: Mapping[str, Any] | None, consumer_config: Mapping[str, Any], options: Options
+) -> dict[str, Any]:
+    """The producer's settings: ``bootstrap.servers`` from the consumer's unless given,
+    idempotence on unless turned off, and, in the transactional mode, a ``transactional.id``
+    derived per instance from the given prefix."""
+    result = dict(config or {})
+    for name in _RESERVED_PRODUCER_SETTINGS:
+        if name in result:
+            raise ConfigurationError(
+                f"producer_config sets {name!r}: the library needs a delivery report for every "
+                "output; use poll_and_produce(on_produced=...) to see them"
+            )
+    result.setdefault("bootstrap.servers", consumer_config["bootstrap.servers"])
+    result.setdefault("enable.idempotence", True)
+    prefix = result.get("transactional.id")
+    if options.transactional:
+        if not isinstance(prefix, str) or not prefix:
+            raise ConfigurationError(
+                "CommitMode.PERIODIC_TRANSACTIONAL_PRODUCER needs producer_config="
+                "{'transactional.id': '<prefix>'}: each instance derives its own id from it "
+                "(see docs/exactly-once.md)"
+            )
+        result["transactional.id"] = _transactional_id(prefix, consumer_config)
+        # A transaction stays open for commit_interval; if its instance dies, the broker
+        # aborts it after this long (read_committed readers wait for it until then).
+        result.setdefault("transaction.timeout.ms", 10_000)
+    elif prefix is not None:
+        raise ConfigurationError(
+            "producer_config sets 'transactional.id', which only "
+            "CommitMode.PERIODIC_TRANSACTIONAL_PRODUCER uses; remove it or choose that mode"
+        )
+    return result
+
+
+def _transactional_id(prefix: str, consumer_config: Mapping[str, Any]) -> str:
+    """``<prefix>-<group.instance.id>`` when the consumer has a static identity: stable across
+    restarts, so a restarted instance aborts its predecessor's open transaction at once.
+    Otherwise ``<prefix>-<host>-<pid>-<n>``: unique, and zombies are still fenced through the
+    consumer group's generation (KIP-447)."""
+    instance = consumer_config.get("group.instance.id")
+    if isinstance(instance, str) and instance:
+        return f"{prefix}-{instance}"
+    return f"{prefix}-{socket.gethostname()}-{os.getpid()}-{next(_transactional_ids)}"
+
+
+_transactional_ids = itertools.count(1)
+
+
 class ParallelConsumer:
     """Consume Kafka records with far more concurrency than partitions.
 
     ``consumer_config`` is a confluent-kafka (librdkafka) consumer configuration; ``group.id``
-    and ``bootstrap.servers`` are required and auto-commit must stay off. ``producer_config`` is
-    reserved for producing results (not available yet). ``hooks`` receives engine events for
-    metrics and tracing (see :class:`~parallel_consumer.hooks.Hooks`). ``clock`` and
-    ``consumer_factory`` are for tests (see :mod:`parallel_consumer.testing`).
+    and ``bootstrap.servers`` are required and auto-commit must stay off. ``producer_config``
+    configures the producer that :meth:`poll_and_produce` outputs go through (by default the
+    consumer's ``bootstrap.servers``, idempotent); in the transactional commit mode it must
+    hold a ``transactional.id`` prefix. ``hooks`` receives engine events for metrics and
+    tracing (see :class:`~parallel_consumer.hooks.Hooks`). ``clock``, ``consumer_factory`` and
+    ``producer_factory`` are for tests (see :mod:`parallel_consumer.testing`).
     """
 
     def __init__(
@@ -88,6 +147,7 @@ class ParallelConsumer:
         hooks: Hooks | None = None,
         clock: Clock | None = None,
         consumer_factory: Callable[[dict[str, Any]], Any] | None = None,
+        producer_factory: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
         if options is None:
             options = Options()
@@ -98,7 +158,8 @@ class ParallelConsumer:
         config = _checked_config(consumer_config)
         safe_hooks = guarded(hooks)
         self._options = options
-        self._producer_config = None if producer_config is None else dict(producer_config)
+        self._producer_config = _checked_producer_config(producer_config, config, options)
+        self._producer_factory = producer_factory or Producer
         self._name = f"{options.name}-{next(_instances)}"
         self._clock = clock or SystemClock()
         self._subscribed = False
@@ -114,12 +175,17 @@ class ParallelConsumer:
             )
         except KafkaException as exc:
             raise ConfigurationError(f"invalid consumer_config: {exc}") from exc
+        committer: Committer = (
+            TransactionalCommitter(self._poller)
+            if options.transactional
+            else ConsumerCommitter(self._poller, options.commit_mode)
+        )
         self._controller = Controller(
             options,
             name=self._name,
             runner=self._make_runner(safe_hooks),
             poller=self._poller,
-            committer=ConsumerCommitter(self._poller, options.commit_mode),
+            committer=committer,
             clock=self._clock,
             hooks=safe_hooks,
         )
@@ -165,15 +231,60 @@ class ParallelConsumer:
         Use as a decorator. The handler receives a :class:`PollContext`; returning normally marks
         its records done, raising retries them (``Retry(delay=...)`` picks the delay).
         """
+        if self._options.transactional:
+            raise ConfigurationError(
+                "CommitMode.PERIODIC_TRANSACTIONAL_PRODUCER commits offsets with the outputs of "
+                "poll_and_produce; register the handler with poll_and_produce, or choose a "
+                "consumer commit mode"
+            )
+        self._register("poll", handler, None)
+        return handler
+
+    @overload
+    def poll_and_produce(self, handler: F, *, on_produced: OnProduced | None = None) -> F: ...
+
+    @overload
+    def poll_and_produce(
+        self, handler: None = None, *, on_produced: OnProduced | None = None
+    ) -> Callable[[F], F]: ...
+
+    def poll_and_produce(
+        self, handler: F | None = None, *, on_produced: OnProduced | None = None
+    ) -> F | Callable[[F], F]:
+        """Register a handler whose return values are produced, and start processing.
+
+        Use as ``@pc.poll_and_produce`` or ``@pc.poll_and_produce(on_produced=...)``. The
+        handler returns a :class:`~parallel_consumer.ProducerRecord`, a list of them, or
+        ``None``. Its records count as done only once the broker acknowledged every output; an
+        output that is not delivered fails them (:class:`~parallel_consumer.ProduceError`) and
+        they are retried. ``on_produced(result)`` runs for each acknowledged output, on the
+        engine's controller thread: keep it short. Under
+        ``CommitMode.PERIODIC_TRANSACTIONAL_PRODUCER`` outputs and input offsets commit
+        atomically (exactly-once, see docs/exactly-once.md).
+        """
+        if handler is None:
+
+            def register(function: F) -> F:
+                return self.poll_and_produce(function, on_produced=on_produced)
+
+            return register
+        if on_produced is not None and not callable(on_produced):
+            raise ConfigurationError(f"on_produced must be callable, got {on_produced!r}")
+        self._register("poll_and_produce", handler, on_produced)
+        return handler
+
+    def _register(
+        self, via: str, handler: Callable[[PollContext], object], on_produced: OnProduced | None
+    ) -> None:
         if not callable(handler):
-            raise ConfigurationError(f"poll() needs a callable handler, got {handler!r}")
+            raise ConfigurationError(f"{via}() needs a callable handler, got {handler!r}")
         if self._handler is not None:
             raise ConfigurationError(
                 f"a handler is already registered ({self._handler!r}); one ParallelConsumer "
                 "runs one handler"
             )
         if not self._subscribed:
-            raise ConfigurationError("call subscribe() before registering a handler with poll()")
+            raise ConfigurationError(f"call subscribe() before registering a handler with {via}()")
         if inspect.iscoroutinefunction(handler):
             raise ConfigurationError(
                 "async def handlers need the asyncio runner, which is not available yet; "
@@ -181,10 +292,34 @@ class ParallelConsumer:
             )
         if self.lifecycle is not Lifecycle.NEW:
             raise ConfigurationError(f"cannot register a handler when {self.lifecycle.name}")
+        outputs = None
+        if via == "poll_and_produce":
+            outputs = self._start_outputs()
         self._handler = handler
-        self._controller.start(handler)
+        self._controller.start(handler, outputs=outputs, on_produced=on_produced)
         self._poller.start()
-        return handler
+
+    def _start_outputs(self) -> Outputs:
+        try:
+            producer = self._producer_factory(self._producer_config)
+        except KafkaException as exc:
+            raise ConfigurationError(f"invalid producer_config: {exc}") from exc
+        outputs = Outputs(
+            producer,
+            post=self._post,
+            transactional=self._options.transactional,
+            name=self._name,
+        )
+        try:
+            outputs.start()
+        except KafkaException as exc:
+            raise ParallelConsumerError(
+                "could not start the transactional producer "
+                f"(transactional.id={self._producer_config.get('transactional.id')!r}): {exc}"
+            ) from exc
+        if self._options.transactional:
+            self._poller.run_transactions(outputs)
+        return outputs
 
     # -- running ------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ __all__ = [
     "ConfigurationError",
     "InternalError",
     "ParallelConsumerError",
+    "ProduceError",
     "Retry",
 ]
 
@@ -30,6 +31,12 @@ class InternalError(ParallelConsumerError):
     It is stored in ``ParallelConsumer.failure`` and re-raised by ``wait()`` and ``close()``;
     the original exception, if any, is its ``__cause__``.
     """
+
+
+class ProduceError(ParallelConsumerError):
+    """An output of a ``poll_and_produce`` call was not delivered (or could not be sent). The
+    call's input records fail with it (``RecordContext.last_failure``) and are retried; nothing
+    is committed past them."""
 
 
 class Retry(Exception):

@@ -49,6 +49,10 @@ class CommitMode(enum.Enum):
     PERIODIC_CONSUMER_ASYNC = "periodic_consumer_async"
     #: The poller blocks on ``commit(asynchronous=False)``; the result is known at once.
     PERIODIC_CONSUMER_SYNC = "periodic_consumer_sync"
+    #: Exactly-once for ``poll_and_produce``: outputs and input offsets (with the offset map)
+    #: commit atomically in the library's producer's transaction, every ``commit_interval``
+    #: (0.1 s by default in this mode). Needs ``transactional.id`` in ``producer_config``.
+    PERIODIC_TRANSACTIONAL_PRODUCER = "periodic_transactional_producer"
 
 
 class RunnerKind(enum.Enum):
@@ -121,8 +125,10 @@ class Options:
     #: Records per handler call; the handler receives a PollContext of up to this many records.
     batch_size: int = 1
     commit_mode: CommitMode = CommitMode.PERIODIC_CONSUMER_ASYNC
-    #: Time between commits of the offsets (and offset maps) of changed partitions.
-    commit_interval: float = 5.0
+    #: Time between commits of the offsets (and offset maps) of changed partitions. ``None``
+    #: picks 5 s, or 0.1 s in the transactional mode (a transaction stays open that long,
+    #: and ``read_committed`` readers see its outputs only once it commits).
+    commit_interval: float | None = None
     #: Delay before a failed record is retried, unless ``retry_delay_provider`` or
     #: ``Retry(delay=...)`` says otherwise.
     retry_delay: float = 1.0
@@ -158,6 +164,9 @@ class Options:
         _positive_int("max_concurrency", self.max_concurrency)
         _positive_int("batch_size", self.batch_size)
         _positive_int("fetch_batch_size", self.fetch_batch_size)
+        if self.commit_interval is None:
+            transactional = self.commit_mode is CommitMode.PERIODIC_TRANSACTIONAL_PRODUCER
+            setattr_(self, "commit_interval", 0.1 if transactional else 5.0)
         setattr_(
             self,
             "commit_interval",
@@ -188,6 +197,16 @@ class Options:
             )
         if not isinstance(self.name, str) or not self.name:
             raise ConfigurationError(f"Options.name must be a non-empty string, got {self.name!r}")
+
+    @property
+    def commit_every(self) -> float:
+        """``commit_interval`` after defaults were applied."""
+        assert self.commit_interval is not None
+        return self.commit_interval
+
+    @property
+    def transactional(self) -> bool:
+        return self.commit_mode is CommitMode.PERIODIC_TRANSACTIONAL_PRODUCER
 
     @property
     def buffer_limit(self) -> int:

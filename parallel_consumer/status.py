@@ -74,8 +74,8 @@ class Statistics:
     in_flight: int
     #: Records waiting for their retry delay.
     retry_waiting: int
-    #: Records held by the engine (waiting + in flight + retry waiting): bounded by
-    #: Options.max_buffered_records.
+    #: Records held by the engine (waiting + in flight + retry waiting + delivering): bounded
+    #: by Options.max_buffered_records.
     held: int
     shards: int
     commits_sent: int
@@ -96,6 +96,13 @@ class Statistics:
     partitions: tuple[PartitionSnapshot, ...]
     #: The poller's side (None before processing starts).
     poller: PollerStatistics | None = None
+    #: poll_and_produce: records whose handler finished and whose outputs are not yet all
+    #: acknowledged by the broker (or, transactional mode, wait for the next transaction).
+    delivering: int = 0
+    #: poll_and_produce: outputs handed to the producer / acknowledged / not delivered.
+    outputs_sent: int = 0
+    outputs_acknowledged: int = 0
+    outputs_failed: int = 0
 
 
 def assemble_statistics(
@@ -105,6 +112,7 @@ def assemble_statistics(
     shards: ShardMap,
     in_flight: InFlight,
     retries: int,
+    delivering: int = 0,
     pauses: Pauses,
     commits: CommitTracker,
     partitions: Iterable[PartitionState],
@@ -129,7 +137,7 @@ def assemble_statistics(
         waiting=shards.waiting,
         in_flight=in_flight.records,
         retry_waiting=retries,
-        held=shards.waiting + in_flight.records + retries,
+        held=shards.waiting + in_flight.records + retries + delivering,
         shards=len(shards),
         commits_sent=counters.commits_sent,
         commits_acknowledged=counters.commits_acknowledged,
@@ -140,4 +148,8 @@ def assemble_statistics(
         stalls=counters.stalls,
         partitions=tuple(snapshots),
         poller=poller,
+        delivering=delivering,
+        outputs_sent=counters.outputs_sent,
+        outputs_acknowledged=counters.outputs_acknowledged,
+        outputs_failed=counters.outputs_failed,
     )

@@ -23,5 +23,9 @@ class Counters:
     commits_sent: int = 0
     commits_acknowledged: int = 0
     commit_failures: int = 0
+    #: poll_and_produce: outputs handed to the producer, acknowledged, and not delivered.
+    outputs_sent: int = 0
+    outputs_acknowledged: int = 0
+    outputs_failed: int = 0
     #: Times the engine found records waiting with nothing running and nothing due.
     stalls: int = 0

@@ -39,7 +39,12 @@ def engines() -> Iterator[Engines]:
 
 
 @pytest.mark.kafka_requires("accurate_high_watermark")  # commits are checked against it
-@pytest.mark.parametrize("commit_mode", list(CommitMode), ids=lambda m: m.name.lower())
+@pytest.mark.parametrize(
+    "commit_mode",
+    # The transactional mode runs poll_and_produce handlers: tests/integration/test_produce.py.
+    [CommitMode.PERIODIC_CONSUMER_ASYNC, CommitMode.PERIODIC_CONSUMER_SYNC],
+    ids=lambda m: m.name.lower(),
+)
 @pytest.mark.parametrize("ordering", list(ProcessingOrder), ids=lambda o: o.name.lower())
 def test_every_record_is_processed_in_order_and_committed_to_the_end(
     kafka: KafkaBroker,

@@ -1,0 +1,247 @@
+"""The library's producer for ``poll_and_produce`` (thread ``<name>-producer``).
+
+The controller hands it the outputs of one handler call (:meth:`Outputs.send`); the broker's
+delivery reports are gathered per call and posted back as one
+:class:`~parallel_consumer._events.OutputsDelivered` event when the last one arrived. A thread of
+its own serves the delivery reports (``producer.poll``), so they arrive whatever the controller
+and the poller are doing, a revoke included.
+
+In the transactional commit mode the poller drives the transaction (it holds the consumer's
+group metadata, which fences zombies, KIP-447): :meth:`Outputs.transact` sends the offsets into
+the open transaction, commits it and begins the next one, or aborts it. The controller makes
+sure no output is sent while that happens.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+
+from parallel_consumer._events import ControllerEvent, OutputsDelivered
+from parallel_consumer.produce import ProduceError, ProducerRecord
+
+__all__ = ["Outputs", "TransactionOutcome"]
+
+log = logging.getLogger("parallel_consumer")
+
+#: How long one transactional request (init, send offsets, commit, abort) may take.
+TRANSACTION_TIMEOUT = 30.0
+#: How often a commit that failed with a retriable error is tried again before aborting.
+COMMIT_ATTEMPTS = 3
+#: How long close() waits for outputs still on their way.
+FLUSH_TIMEOUT = 10.0
+#: After waiting this long for room in the producer's queue, say so (once per output).
+QUEUE_FULL_WARNING = 5.0
+
+
+_DELIVERY_HINTS = {
+    KafkaError._MSG_TIMED_OUT: (
+        " (within the producer's message.timeout.ms: does the topic exist, and is the broker "
+        "reachable?)"
+    ),
+    KafkaError.UNKNOWN_TOPIC_OR_PART: " (the topic or partition does not exist)",
+    KafkaError.MSG_SIZE_TOO_LARGE: " (over the broker's or topic's max message size)",
+}
+
+
+class TransactionOutcome(enum.Enum):
+    COMMITTED = "committed"
+    #: The transaction was aborted (its outputs and offsets are gone) and a new one begun.
+    ABORTED = "aborted"
+    #: The producer cannot go on (fenced by a newer instance, or another fatal error).
+    FATAL = "fatal"
+
+
+class _Delivery:
+    """The delivery reports of one call's outputs; posts them once all arrived."""
+
+    __slots__ = ("_lock", "_post", "_remaining", "batch", "results")
+
+    def __init__(self, batch: int, count: int, post: Callable[[ControllerEvent], None]) -> None:
+        self.batch = batch
+        self.results: list[tuple[int, int] | BaseException | None] = [None] * count
+        self._remaining = count
+        self._lock = threading.Lock()
+        self._post = post
+
+    def report(self, index: int, error: Any, message: Any) -> None:
+        # Runs on the producer thread (delivery reports) or the controller (a produce() that
+        # failed at once).
+        if error is None:
+            result: tuple[int, int] | BaseException = (message.partition(), message.offset())
+        elif isinstance(error, BaseException):
+            result = error
+        else:
+            topic = message.topic() if message is not None else "?"
+            hint = _DELIVERY_HINTS.get(error.code(), "") if isinstance(error, KafkaError) else ""
+            result = ProduceError(f"output {index} to {topic} was not delivered: {error}{hint}")
+        with self._lock:
+            self.results[index] = result
+            self._remaining -= 1
+            last = self._remaining == 0
+        if last:
+            self._post(OutputsDelivered(self.batch, tuple(self.results)))
+
+
+class Outputs:
+    """Wraps the ``confluent_kafka.Producer`` the library owns."""
+
+    def __init__(
+        self,
+        producer: Any,
+        *,
+        post: Callable[[ControllerEvent], None],
+        transactional: bool,
+        name: str = "pc",
+    ) -> None:
+        self._producer = producer
+        self._post = post
+        self.transactional = transactional
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name=f"{name}-producer", daemon=True)
+        self._closed = False
+
+    # -- set-up (caller's thread) -----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start serving delivery reports; in the transactional mode, fence older instances
+        with the same ``transactional.id`` and begin the first transaction (blocks)."""
+        if self.transactional:
+            self._producer.init_transactions(TRANSACTION_TIMEOUT)
+            self._producer.begin_transaction()
+        self._thread.start()
+
+    # -- the controller thread ------------------------------------------------------------------
+
+    def send(self, batch: int, outputs: Sequence[ProducerRecord]) -> None:
+        """Produce one call's outputs; one OutputsDelivered event follows once all are settled."""
+        delivery = _Delivery(batch, len(outputs), self._post)
+        produce = self._producer.produce
+        for index, record in enumerate(outputs):
+            report = partial(delivery.report, index)
+            waited_since: float | None = None
+            while True:
+                try:
+                    produce(
+                        record.topic,
+                        record.value,
+                        record.key,
+                        partition=-1 if record.partition is None else record.partition,
+                        headers=record.headers or None,
+                        on_delivery=report,
+                    )
+                    break
+                except BufferError:
+                    # The producer's queue is full: its thread drains it as the broker answers.
+                    now = time.monotonic()
+                    if waited_since is None:
+                        waited_since = now
+                    elif now - waited_since > QUEUE_FULL_WARNING:
+                        log.warning(
+                            "the producer's queue has been full for %.0fs (is the broker "
+                            "reachable?); raise queue.buffering.max.messages if outputs are many",
+                            now - waited_since,
+                        )
+                        waited_since = now
+                    time.sleep(0.002)
+                except (KafkaException, TypeError, ValueError) as exc:
+                    error = exc.args[0] if exc.args else exc
+                    reason = f"output {index} to {record.topic} rejected: {error}"
+                    report(ProduceError(reason), None)
+                    break
+
+    # -- the poller thread (transactional mode) --------------------------------------------------
+
+    def transact(self, offsets: list[Any], group_metadata: Any) -> tuple[TransactionOutcome, str]:
+        """Add ``offsets`` to the open transaction, commit it, and begin the next one. On an
+        abortable error abort instead (and begin the next one)."""
+        producer = self._producer
+        error: KafkaError | None = None
+        for attempt in range(COMMIT_ATTEMPTS):
+            try:
+                if offsets and attempt == 0:
+                    producer.send_offsets_to_transaction(
+                        offsets, group_metadata, TRANSACTION_TIMEOUT
+                    )
+                producer.commit_transaction(TRANSACTION_TIMEOUT)
+            except KafkaException as exc:
+                error = _kafka_error(exc)
+                if error is not None and error.retriable() and not error.txn_requires_abort():
+                    log.info("committing the transaction failed (%s); trying again", error)
+                    continue
+                break
+            else:
+                producer.begin_transaction()
+                return TransactionOutcome.COMMITTED, ""
+        return self._abort_after(error)
+
+    def _abort_after(self, error: KafkaError | None) -> tuple[TransactionOutcome, str]:
+        reason = str(error)
+        if error is not None and error.fatal():
+            return TransactionOutcome.FATAL, _fatal_reason(error)
+        log.warning("aborting the transaction: %s", reason)
+        try:
+            self._producer.abort_transaction(TRANSACTION_TIMEOUT)
+            self._producer.begin_transaction()
+        except KafkaException as exc:
+            abort_error = _kafka_error(exc)
+            if abort_error is not None and abort_error.fatal():
+                return TransactionOutcome.FATAL, _fatal_reason(abort_error)
+            return TransactionOutcome.FATAL, f"the transaction could not be aborted: {exc}"
+        return TransactionOutcome.ABORTED, reason
+
+    # -- delivery reports and close -------------------------------------------------------------
+
+    def _serve(self) -> None:
+        poll = self._producer.poll
+        while not self._stopping.is_set():
+            poll(0.05)
+
+    def close(self, *, abort: bool) -> None:
+        """Stop serving; wait for outputs still on their way (non-transactional), or abort the
+        open transaction. Called once the poller has stopped."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stopping.set()
+        if self._thread.ident is not None:
+            self._thread.join(1.0)
+        try:
+            if self.transactional:
+                # Everything finished was committed by the final commit; what is left of the
+                # open transaction (nothing, or outputs of records not committed) goes.
+                if self._thread.ident is not None:
+                    self._producer.abort_transaction(5.0)
+            else:
+                left = self._producer.flush(0.0 if abort else FLUSH_TIMEOUT)
+                if left:
+                    log.warning("%d outputs were still on their way when the producer closed", left)
+        except Exception:
+            log.warning("closing the producer failed", exc_info=True)
+        # The client's threads and connections end when it is garbage collected.
+        self._producer = None
+
+    def __repr__(self) -> str:
+        mode = "transactional" if self.transactional else "idempotent"
+        return f"<Outputs {mode}{' closed' if self._closed else ''}>"
+
+
+def _kafka_error(exc: KafkaException) -> KafkaError | None:
+    error = exc.args[0] if exc.args else None
+    return error if isinstance(error, KafkaError) else None
+
+
+def _fatal_reason(error: KafkaError) -> str:
+    if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED):
+        return (
+            f"the transactional producer was fenced ({error}): another instance uses the same "
+            "transactional.id; each instance needs its own (see docs/exactly-once.md)"
+        )
+    return f"the transactional producer failed for good: {error}"

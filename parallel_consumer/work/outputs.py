@@ -1,0 +1,108 @@
+"""Outputs of ``poll_and_produce`` calls on their way to the broker, and the transaction gate.
+
+Pure data, owned by the controller thread. A call whose handler returned outputs leaves the
+in-flight table (its worker is free) but its records are not finished: they wait here, their
+lanes still busy, until the broker acknowledged every output. In the transactional mode the
+gate holds outputs back while a transaction commits: an output sent then would land in the
+committed transaction without its input's offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from parallel_consumer.produce import ProducerRecord
+from parallel_consumer.work.inflight import Batch
+
+__all__ = ["Pending", "PendingOutputs", "TransactionGate"]
+
+
+@dataclass(slots=True)
+class Pending:
+    batch: Batch
+    outputs: list[ProducerRecord]
+
+
+class PendingOutputs:
+    """Calls whose outputs are being delivered, and (transactional mode) calls whose outputs
+    wait for the gate to open."""
+
+    __slots__ = ("delivering", "queued", "records")
+
+    def __init__(self) -> None:
+        self.delivering: dict[int, Pending] = {}
+        self.queued: list[Pending] = []
+        #: Input records of both.
+        self.records = 0
+
+    def queue(self, pending: Pending) -> None:
+        self.queued.append(pending)
+        self.records += len(pending.batch.items)
+
+    def take_queued(self) -> list[Pending]:
+        out, self.queued = self.queued, []
+        self.records -= sum(len(p.batch.items) for p in out)
+        return out
+
+    def sending(self, pending: Pending) -> None:
+        self.delivering[pending.batch.id] = pending
+        self.records += len(pending.batch.items)
+
+    def delivered(self, batch_id: int) -> Pending | None:
+        pending = self.delivering.pop(batch_id, None)
+        if pending is not None:
+            self.records -= len(pending.batch.items)
+        return pending
+
+    def __iter__(self) -> Iterator[Pending]:
+        yield from self.delivering.values()
+        yield from self.queued
+
+    def __bool__(self) -> bool:
+        return bool(self.delivering or self.queued)
+
+    def __repr__(self) -> str:
+        return f"<PendingOutputs delivering={len(self.delivering)} queued={len(self.queued)}>"
+
+
+class TransactionGate:
+    """When the open transaction may take outputs, and when it commits.
+
+    A commit is *wanted* (the interval passed, a revoke, the close, a failed delivery); from
+    then on outputs are held back. It is *sent* once every output already sent was acknowledged
+    (their records are then finished and their offsets in the commit), and it is *answered*
+    when the poller committed (or aborted) the transaction and began the next: the gate opens.
+    """
+
+    __slots__ = ("committing", "outputs", "wanted")
+
+    def __init__(self) -> None:
+        self.wanted = False
+        self.committing = False
+        #: Outputs sent in the open transaction.
+        self.outputs = 0
+
+    @property
+    def open(self) -> bool:
+        return not (self.wanted or self.committing)
+
+    def ready(self, delivering: bool) -> bool:
+        """A wanted commit may be sent now."""
+        return self.wanted and not self.committing and not delivering
+
+    def sent(self) -> None:
+        self.wanted = False
+        self.committing = True
+
+    def skipped(self) -> None:
+        """Nothing to commit: the gate opens again."""
+        self.wanted = False
+
+    def answered(self) -> None:
+        self.committing = False
+        self.outputs = 0
+
+    def __repr__(self) -> str:
+        state = "committing" if self.committing else "wanted" if self.wanted else "open"
+        return f"<TransactionGate {state} outputs={self.outputs}>"
