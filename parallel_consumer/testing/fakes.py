@@ -19,7 +19,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-__all__ = ["FakeCluster", "FakeConsumer"]
+__all__ = ["FakeCluster", "FakeConsumer", "FakeProducer"]
 
 TP = tuple[str, int]
 
@@ -86,6 +86,10 @@ class FakeCluster:
     ) -> None:
         with self._cond:
             self._commits[(group, (topic, partition))] = (offset, metadata)
+
+    def producer(self, config: dict[str, Any]) -> FakeProducer:
+        """A producer writing to this cluster (for ``ParallelConsumer(producer_factory=...)``)."""
+        return FakeProducer(self, config)
 
     def consumer(self, config: dict[str, Any]) -> FakeConsumer:
         """A consumer factory: ``ParallelConsumer(config, consumer_factory=cluster.consumer)``."""
@@ -249,6 +253,16 @@ class FakeConsumer:
         with self._cond:
             return [TopicPartition(t, p) for t, p in self._assigned]
 
+    def consumer_group_metadata(self) -> str:
+        return self._group
+
+    def seek(self, partition: TopicPartition) -> None:
+        with self._cond:
+            tp = (partition.topic, partition.partition)
+            if tp not in self._assigned:
+                raise KafkaException(KafkaError(KafkaError._STATE, f"{tp} is not assigned"))
+            self._assigned[tp] = partition.offset
+
     def close(self) -> None:
         if self._closed:
             return
@@ -329,3 +343,109 @@ def _offset(message: Message) -> int:
     offset = message.offset()
     assert offset is not None
     return offset
+
+
+class FakeProducer:
+    """Writes to a :class:`FakeCluster` with confluent-kafka's producer interface: ``produce``
+    appends at once, and the delivery report is served by the next ``poll``/``flush``. The
+    transactional calls track their state (they isolate nothing: outputs are visible at once)
+    and ``send_offsets_to_transaction`` commits the group's offsets when the transaction
+    commits. Test controls: :meth:`fail_next_deliveries`."""
+
+    def __init__(self, cluster: FakeCluster, config: dict[str, Any]) -> None:
+        self._cluster = cluster
+        self._lock = threading.Lock()
+        self._reports: list[tuple[Callable[..., Any] | None, Any, Any]] = []
+        self._fail_deliveries = 0
+        self._transactional = "transactional.id" in config
+        self._in_transaction = False
+        self._offsets: list[tuple[str, list[TopicPartition]]] = []
+        #: Every record produced: (topic, partition, offset, key, value).
+        self.produced: list[tuple[str, int, int, bytes | None, bytes | None]] = []
+        #: Transactions committed / aborted so far.
+        self.commits = 0
+        self.aborts = 0
+
+    def fail_next_deliveries(self, count: int) -> None:
+        """The next ``count`` produced records get a failed delivery report (nothing written)."""
+        with self._lock:
+            self._fail_deliveries += count
+
+    def produce(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        partition: int = -1,
+        on_delivery: Callable[..., Any] | None = None,
+        headers: Any = None,
+        **_: Any,
+    ) -> None:
+        if self._transactional and not self._in_transaction:
+            raise KafkaException(KafkaError(KafkaError._STATE, "no transaction in progress"))
+        with self._lock:
+            if self._fail_deliveries:
+                self._fail_deliveries -= 1
+                error = KafkaError(KafkaError._MSG_TIMED_OUT, "injected delivery failure")
+                message = Message(topic=topic, partition=max(partition, 0), key=key, value=value)
+                self._reports.append((on_delivery, error, message))
+                return
+        if topic not in self._cluster._logs:
+            error = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"no topic {topic}")
+            with self._lock:
+                self._reports.append((on_delivery, error, Message(topic=topic)))
+            return
+        where, offset = self._cluster.produce(
+            topic,
+            value,
+            key,
+            partition=None if partition < 0 else partition,
+            headers=headers,
+        )
+        with self._lock:
+            self.produced.append((topic, where, offset, key, value))
+            message = Message(topic=topic, partition=where, offset=offset, key=key, value=value)
+            self._reports.append((on_delivery, None, message))
+
+    def poll(self, timeout: float = -1) -> int:
+        with self._lock:
+            reports, self._reports = self._reports, []
+        for callback, error, message in reports:
+            if callback is not None:
+                callback(error, message)
+        if not reports and timeout > 0:
+            time.sleep(min(timeout, 0.005))
+        return len(reports)
+
+    def flush(self, timeout: float = -1) -> int:
+        self.poll(0)
+        return 0
+
+    def init_transactions(self, timeout: float = -1) -> None:
+        pass
+
+    def begin_transaction(self) -> None:
+        self._in_transaction = True
+
+    def send_offsets_to_transaction(
+        self, positions: list[TopicPartition], group_metadata: Any, timeout: float = -1
+    ) -> None:
+        self._offsets.append((str(group_metadata), list(positions)))
+
+    def commit_transaction(self, timeout: float = -1) -> None:
+        self.flush()
+        with self._cluster._cond:
+            for group, positions in self._offsets:
+                for tp in positions:
+                    self._cluster._commits[(group, (tp.topic, tp.partition))] = (
+                        tp.offset,
+                        tp.metadata,
+                    )
+        self._offsets.clear()
+        self._in_transaction = False
+        self.commits += 1
+
+    def abort_transaction(self, timeout: float = -1) -> None:
+        self._offsets.clear()
+        self._in_transaction = False
+        self.aborts += 1

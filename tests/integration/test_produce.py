@@ -6,6 +6,7 @@ Exactly-once under SIGKILL is in test_exactly_once.py.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -300,3 +301,58 @@ def test_transaction_markers_in_the_input_do_not_break_commits(
     assert sum(outputs.inputs.values()) == kept
     assert outputs.duplicates == 0
     assert stats.records_succeeded == kept
+
+
+@pytest.mark.kafka_requires("transactions", "accurate_high_watermark")
+def test_rebalances_during_transactions_neither_deadlock_nor_duplicate(
+    kafka: KafkaBroker,
+    topic: TopicFactory,
+    consumer_config: dict[str, Any],
+    engines: Engines,
+) -> None:
+    # Given 12,000 inputs over 4 partitions and a transactional pipeline with a little work
+    partitions = (0, 1, 2, 3)
+    source, sink = topic(len(partitions)), topic(len(partitions))
+    produce_records(kafka.bootstrap_servers, source, 12_000, keys=[f"k{i}" for i in range(100)])
+
+    def handle(ctx: PollContext) -> ProducerRecord:
+        time.sleep(0.0005)
+        return output_of(ctx, sink)
+
+    options = Options(
+        ordering=ProcessingOrder.KEY,
+        max_concurrency=16,
+        commit_mode=CommitMode.PERIODIC_TRANSACTIONAL_PRODUCER,
+    )
+    first = start(engines, consumer_config, options, source, handle)
+    wait_until(
+        lambda: first.statistics().outputs_acknowledged >= 2_000,
+        timeout=60,
+        what="the first instance's progress",
+    )
+    # When a second instance joins mid-stream (partitions move while transactions are open),
+    second = start(engines, consumer_config, options, source, handle)
+    wait_until(
+        lambda: second.statistics().outputs_acknowledged >= 1_000,
+        timeout=60,
+        what="the second instance's progress",
+        show=second.statistics,
+    )
+    # and the first one leaves again while the second goes on
+    first.close()
+    assert first.failure is None
+
+    # Then the second commits every input to the end
+    ends = end_offsets(kafka.bootstrap_servers, source, partitions)
+    wait_until(
+        lambda: committed_in_engine(second.statistics(), ends),
+        timeout=90,
+        what="every input committed",
+        show=second.statistics,
+    )
+    second.close()
+    # and a read_committed reader sees each input's output exactly once, in key order
+    outputs = read_outputs(kafka.bootstrap_servers, sink, partitions)
+    assert set(outputs.inputs) == {(p, o) for p in partitions for o in range(ends[p])}
+    assert outputs.duplicates == 0
+    assert outputs.order_violations() == []

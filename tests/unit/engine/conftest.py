@@ -11,7 +11,7 @@ import pytest
 
 from parallel_consumer import Options, ParallelConsumer, ParallelConsumerError
 from parallel_consumer.testing.clock import FakeClock
-from parallel_consumer.testing.fakes import FakeCluster, FakeConsumer
+from parallel_consumer.testing.fakes import FakeCluster, FakeConsumer, FakeProducer
 
 WaitUntil = Callable[..., None]
 
@@ -47,6 +47,12 @@ class Harness:
         self.cluster = cluster
         self.consumers: list[FakeConsumer] = []
         self.instances: list[ParallelConsumer] = []
+        self.producers: list[FakeProducer] = []
+
+    def _producer_factory(self, config: dict[str, Any]) -> FakeProducer:
+        producer = self.cluster.producer(config)
+        self.producers.append(producer)
+        return producer
 
     def _factory(self, config: dict[str, Any]) -> FakeConsumer:
         consumer = self.cluster.consumer(config)
@@ -61,6 +67,7 @@ class Harness:
         clock: FakeClock | None = None,
         topics: tuple[str, ...] = ("t",),
         hooks: Any = None,
+        producer_config: dict[str, Any] | None = None,
         **config: Any,
     ) -> ParallelConsumer:
         pc = ParallelConsumer(
@@ -69,6 +76,8 @@ class Harness:
             hooks=hooks,
             clock=clock,
             consumer_factory=self._factory,
+            producer_config=producer_config,
+            producer_factory=self._producer_factory,
         )
         pc.subscribe(list(topics))
         self.instances.append(pc)
