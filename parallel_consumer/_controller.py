@@ -129,9 +129,12 @@ class Controller:
         """Thread-safe: queue an event for the controller."""
         self._inbox.put(event)
 
-    def start(self, handler: Handler, *, thread: bool = True) -> None:
+    def start(self, handler: Handler, *, runner: Runner | None = None, thread: bool = True) -> None:
         """Start the runner and (unless ``thread=False``, for tests stepping with
-        :meth:`run_once`) the controller thread."""
+        :meth:`run_once`) the controller thread. ``runner`` replaces the one given at
+        construction (the facade picks the runner once it sees the handler)."""
+        if runner is not None:
+            self._runner = runner
         self._runner.start(handler, self.post)
         self.lifecycle = Lifecycle.RUNNING
         self._next_commit = self._clock.monotonic() + self._options.commit_interval

@@ -26,7 +26,9 @@ from parallel_consumer.context import PollContext
 from parallel_consumer.errors import ConfigurationError
 from parallel_consumer.hooks import Hooks, guarded
 from parallel_consumer.options import Options, RunnerKind
+from parallel_consumer.runners.asyncio_loop import AsyncioRunner
 from parallel_consumer.runners.base import Runner
+from parallel_consumer.runners.processes import ProcessRunner, pickled_handler
 from parallel_consumer.runners.threads import ThreadRunner
 from parallel_consumer.status import Lifecycle, Statistics
 
@@ -69,6 +71,13 @@ def _checked_config(config: object) -> dict[str, Any]:
     return result
 
 
+def _is_async(handler: Callable[..., object]) -> bool:
+    """An ``async def`` function, a partial of one, or an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)  # noqa: B004 - the method, not callable()
+    )
+
+
 class ParallelConsumer:
     """Consume Kafka records with far more concurrency than partitions.
 
@@ -97,6 +106,7 @@ class ParallelConsumer:
             raise ConfigurationError("producer_config must be a dict of librdkafka settings")
         config = _checked_config(consumer_config)
         safe_hooks = guarded(hooks)
+        self._hooks = safe_hooks
         self._options = options
         self._producer_config = None if producer_config is None else dict(producer_config)
         self._name = f"{options.name}-{next(_instances)}"
@@ -117,20 +127,48 @@ class ParallelConsumer:
         self._controller = Controller(
             options,
             name=self._name,
-            runner=self._make_runner(safe_hooks),
+            runner=self._make_runner(options.runner or RunnerKind.THREADS),
             poller=self._poller,
             committer=ConsumerCommitter(self._poller, options.commit_mode),
             clock=self._clock,
             hooks=safe_hooks,
         )
 
-    def _make_runner(self, hooks: Hooks) -> Runner:
-        kind = self._options.runner
-        if kind is RunnerKind.THREADS:
-            return ThreadRunner(
-                self._options.max_concurrency, self._clock, name=self._name, hooks=hooks
+    def _make_runner(self, kind: RunnerKind) -> Runner:
+        options = self._options
+        if kind is RunnerKind.ASYNCIO:
+            return AsyncioRunner(
+                options.max_concurrency, self._clock, name=self._name, hooks=self._hooks
             )
-        raise ConfigurationError(f"Options.runner={kind} is not available")  # pragma: no cover
+        if kind is RunnerKind.PROCESS:
+            assert options.processes is not None
+            return ProcessRunner(options.processes, self._clock, name=self._name, hooks=self._hooks)
+        return ThreadRunner(
+            options.max_concurrency, self._clock, name=self._name, hooks=self._hooks
+        )
+
+    def _runner_kind_for(self, handler: Callable[..., object]) -> RunnerKind:
+        """The runner ``handler`` needs, or a ConfigurationError if ``Options.runner`` says
+        otherwise."""
+        is_async = _is_async(handler)
+        kind = self._options.runner
+        if kind is None:
+            return RunnerKind.ASYNCIO if is_async else RunnerKind.THREADS
+        if is_async and kind is not RunnerKind.ASYNCIO:
+            raise ConfigurationError(
+                f"{handler!r} is an async def handler but Options.runner={kind.value!r}: "
+                "async handlers run on the asyncio runner (leave Options.runner unset, or set "
+                "runner='asyncio'), or make the handler a plain function"
+            )
+        if not is_async and kind is RunnerKind.ASYNCIO:
+            raise ConfigurationError(
+                f"Options.runner='asyncio' runs async def handlers, and {handler!r} is a plain "
+                "function: on the event loop it would block every other call. Make it "
+                "async def, or use runner='threads' (or 'process' for CPU-bound work)"
+            )
+        if kind is RunnerKind.PROCESS:
+            pickled_handler(handler)
+        return kind
 
     def _post(self, event: Any) -> None:
         self._controller.post(event)
@@ -163,7 +201,8 @@ class ParallelConsumer:
         """Register ``handler`` and start processing in the background; returns ``handler``.
 
         Use as a decorator. The handler receives a :class:`PollContext`; returning normally marks
-        its records done, raising retries them (``Retry(delay=...)`` picks the delay).
+        its records done, raising retries them (``Retry(delay=...)`` picks the delay). An
+        ``async def`` handler runs on the asyncio runner (see :class:`RunnerKind`).
         """
         if not callable(handler):
             raise ConfigurationError(f"poll() needs a callable handler, got {handler!r}")
@@ -174,15 +213,14 @@ class ParallelConsumer:
             )
         if not self._subscribed:
             raise ConfigurationError("call subscribe() before registering a handler with poll()")
-        if inspect.iscoroutinefunction(handler):
-            raise ConfigurationError(
-                "async def handlers need the asyncio runner, which is not available yet; "
-                "register a plain function"
-            )
         if self.lifecycle is not Lifecycle.NEW:
             raise ConfigurationError(f"cannot register a handler when {self.lifecycle.name}")
+        kind = self._runner_kind_for(handler)
+        runner = None
+        if kind is not (self._options.runner or RunnerKind.THREADS):
+            runner = self._make_runner(kind)  # an async def handler picked the asyncio runner
+        self._controller.start(handler, runner=runner)
         self._handler = handler
-        self._controller.start(handler)
         self._poller.start()
         return handler
 
