@@ -33,7 +33,7 @@ log = logging.getLogger("parallel_consumer")
 CANCEL_GRACE = 1.0
 #: The loop checks every LAG_CHECK seconds that its timers run on time; a delay above
 #: LAG_WARNING means a handler blocked the loop (time.sleep, a synchronous client, heavy CPU).
-LAG_CHECK = 1.0
+LAG_CHECK = 0.25
 LAG_WARNING = 0.5
 #: At most one blocked-loop warning per this many seconds.
 LAG_WARNING_EVERY = 60.0

@@ -282,8 +282,9 @@ class ProcessRunner:
         if worker not in self._workers:
             return
         self._workers.remove(worker)
-        worker.process.join(KILL_GRACE)
-        code = worker.process.exitcode
+        process = worker.process
+        process.join(KILL_GRACE)
+        code, pid, name = process.exitcode, process.pid, process.name
         with self._lock:
             stopping = self._stop_at is not None
         if stopping and code == 0:
@@ -293,8 +294,8 @@ class ProcessRunner:
         self._fail_outstanding(
             worker,
             WorkerCrashed(
-                f"worker process {worker.process.pid} exited with code {code} while it ran "
-                "this call or held it queued",
+                f"worker process {pid} exited with code {code} while it ran this call or held "
+                "it queued",
                 code,
             ),
         )
@@ -304,8 +305,8 @@ class ProcessRunner:
         log.error(
             "worker process %s (pid %s) exited with code %s; its calls are reported failed and "
             "retried; starting a replacement",
-            worker.process.name,
-            worker.process.pid,
+            name,
+            pid,
             code,
         )
         self.restarts += 1
