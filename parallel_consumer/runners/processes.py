@@ -109,7 +109,9 @@ class ProcessRunner:
         self._open = True  # guarded by _lock
         self._stop_at: float | None = None  # guarded by _lock: set by stop()
         self._wake_pending = False  # guarded by _lock
-        self._wake_r, self._wake_w = self._context.Pipe(duplex=False)
+        #: Wakes the pool thread (created by start(), closed by the pool thread as it ends).
+        self._wake_r: Connection | None = None
+        self._wake_w: Connection | None = None  # written under _lock
         self._handler_bytes = b""
         self._done: Callable[[WorkDone], None] | None = None
         self._thread: threading.Thread | None = None
@@ -126,6 +128,7 @@ class ProcessRunner:
         """Start the workers and wait until each has loaded the handler."""
         self._handler_bytes = pickled_handler(handler)
         self._done = done
+        self._wake_r, self._wake_w = self._context.Pipe(duplex=False)
         workers = [self._spawn(index) for index in range(self.capacity)]
         deadline = time.monotonic() + START_TIMEOUT
         for worker in workers:
@@ -133,8 +136,8 @@ class ProcessRunner:
             if problem is not None:
                 for w in workers:
                     _terminate(w)
-                self._wake_r.close()
-                self._wake_w.close()
+                    _close(w)
+                self._close_wake()
                 raise ConfigurationError(f"runner='process': {problem}")
         self._workers = workers
         self._thread = threading.Thread(
@@ -190,9 +193,16 @@ class ProcessRunner:
 
     def _wake(self) -> None:
         """Under ``_lock``: make sure the pool thread looks at the shared state soon."""
-        if not self._wake_pending:
+        if not self._wake_pending and self._wake_w is not None:
             self._wake_pending = True
             self._wake_w.send_bytes(b"w")
+
+    def _close_wake(self) -> None:
+        with self._lock:
+            for end in (self._wake_r, self._wake_w):
+                if end is not None:
+                    end.close()
+            self._wake_r = self._wake_w = None
 
     # -- the pool thread --------------------------------------------------------------------------
 
@@ -208,9 +218,7 @@ class ProcessRunner:
                 _terminate(worker)
                 _close(worker)
             self._workers = []
-            self._wake_r.close()
-            with self._lock:
-                self._wake_w.close()
+            self._close_wake()
 
     def _serve_once(self) -> bool:
         """Wait for something to happen and handle it; False once stopped."""
@@ -232,12 +240,14 @@ class ProcessRunner:
         for worker in self._workers:
             owners[worker.results] = worker
             owners[worker.process.sentinel] = worker
-        for ready in wait([self._wake_r, *owners], timeout):
-            if ready is self._wake_r:
+        wake = self._wake_r
+        assert wake is not None
+        for ready in wait([wake, *owners], timeout):
+            if ready is wake:
                 with self._lock:
                     self._wake_pending = False
-                    while self._wake_r.poll():
-                        self._wake_r.recv_bytes()
+                    while wake.poll():
+                        wake.recv_bytes()
                 continue
             worker = owners[ready]
             if worker not in self._workers:
@@ -262,7 +272,9 @@ class ProcessRunner:
             done = self._done
             assert done is not None
             for batch, value, error in message[1]:
-                context = worker.outstanding.pop(batch)
+                context = worker.outstanding.pop(batch, None)
+                if context is None:  # pragma: no cover - already reported as failed
+                    continue
                 self._hooks.on_call_end(batch, context, error)
                 done(WorkDone(batch, (error,) * len(context), value, now))
         elif kind == "ready":

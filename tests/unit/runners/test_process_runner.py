@@ -48,6 +48,9 @@ def describe(ctx: PollContext) -> object:
         return threading.Lock()
     if record.value == b"exit":
         os._exit(7)
+    if record.value == b"sleep-then-exit":
+        time.sleep(0.3)
+        os._exit(9)
     try:
         record.message  # noqa: B018 - the attribute itself is the check
         has_message = True
@@ -221,6 +224,22 @@ def test_stop_ends_the_workers_and_the_pool_thread(runner):
     for process in workers:
         with pytest.raises(ValueError, match="closed"):
             process.is_alive()  # closed: it exited and was released
+
+
+def test_a_worker_that_dies_while_the_runner_stops_still_reports_its_call(runner):
+    # Given a call that kills its worker process 0.3 s in
+    process_runner, results, hooks = runner
+    process_runner.submit(1, context(1, b"sleep-then-exit"))
+    deadline = time.monotonic() + 10
+    while not hooks.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # When the runner stops meanwhile
+    process_runner.stop(5.0)
+    # Then the call reports WorkerCrashed (its record will be retried), and no replacement starts
+    error = results.take(1)[1].errors[0]
+    assert isinstance(error, WorkerCrashed)
+    assert error.exitcode == 9
+    assert process_runner.restarts == 0
 
 
 def test_a_lambda_or_closure_handler_is_a_configuration_error():
