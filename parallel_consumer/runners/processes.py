@@ -210,7 +210,8 @@ class ProcessRunner:
         try:
             while self._serve_once():
                 pass
-        except BaseException:  # pragma: no cover - a bug here must not strand records silently
+        except BaseException:  # pragma: no cover - a bug in this module
+            # Loud, not silent: its calls stay in flight, which the engine's stall report shows.
             log.exception("the process pool of %s failed", self._name)
             raise
         finally:
