@@ -284,6 +284,8 @@ async def _call(handler: Handler, context: PollContext) -> _Result:
         return None, exc  # a cancellation of the handler's own making: a failure like any other
     except Exception as exc:
         return None, exc
+    except GeneratorExit:
+        raise  # the coroutine is being closed (a task that outlived its loop): let it go
     except BaseException as exc:
         log.error("async handler raised %r; treating it as a failure of the call", exc)
         return None, exc

@@ -249,8 +249,35 @@ def test_a_handler_that_blocks_the_loop_is_reported(runners, caplog):
         runners[0].submit(0, context(0))
         results.take(1)
         deadline = time.monotonic() + 5
-        while runners[0].blocked_loop_count == 0 and time.monotonic() < deadline:
+        while time.monotonic() < deadline and not any(
+            "was blocked" in r.getMessage() for r in caplog.records
+        ):
             time.sleep(0.05)
-    # Then the runner warns that the event loop was blocked
-    assert runners[0].blocked_loop_count >= 1
+    # Then the runner warns that the event loop was blocked, and counts it
     assert any("was blocked" in r.getMessage() for r in caplog.records)
+    assert runners[0].blocked_loop_count >= 1
+
+
+def test_stop_is_bounded_when_a_call_ignores_its_cancellation(runners, caplog):
+    # Given a call that keeps running after it is cancelled
+    entered = threading.Event()
+
+    async def handle(ctx: PollContext) -> None:
+        entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.sleep(30)
+
+    start(runners, handle)
+    runners[0].submit(0, context(0))
+    assert entered.wait(5)
+    # When the runner stops at once
+    started = time.monotonic()
+    assert runners[0].stop(0.0) is False
+    # Then it gives up after the cancel grace, says so, and its loop thread has ended
+    assert time.monotonic() - started < 4.0
+    assert any("did not end" in r.getMessage() for r in caplog.records)
+    assert runners[0]._thread is not None
+    assert not runners[0]._thread.is_alive()
+    assert not any("GeneratorExit" in r.getMessage() for r in caplog.records)
