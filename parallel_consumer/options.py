@@ -167,7 +167,7 @@ class Options:
     #: Most records the poller takes from the client per ``consume()`` call.
     fetch_batch_size: int = 500
     #: Prefix of the instance's thread names (``<name>-<n>-controller``, ``-poller``,
-    #: ``-worker-<i>``; ``n`` counts instances in the process).
+    #: ``-worker-<i>``, ``-aio-loop``, ``-proc-pool``; ``n`` counts instances in the process).
     name: str = field(default="pc")
 
     def __post_init__(self) -> None:
