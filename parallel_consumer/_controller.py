@@ -151,13 +151,18 @@ class Controller:
         self,
         handler: Handler,
         *,
+        runner: Runner | None = None,
         thread: bool = True,
         outputs: Outputs | None = None,
         on_produced: Callable[[ProduceResult], object] | None = None,
     ) -> None:
         """Start the runner and (unless ``thread=False``, for tests stepping with
-        :meth:`run_once`) the controller thread. With ``outputs`` the handler's return values
-        are outputs to produce (``poll_and_produce``); ``on_produced`` sees each delivered one."""
+        :meth:`run_once`) the controller thread. ``runner`` replaces the one given at
+        construction (the facade picks the runner once it sees the handler). With ``outputs``
+        the handler's return values are outputs to produce (``poll_and_produce``);
+        ``on_produced`` sees each delivered one."""
+        if runner is not None:
+            self._runner = runner
         self._outputs = outputs
         self._produces = outputs is not None
         self._on_produced = on_produced

@@ -30,7 +30,9 @@ from parallel_consumer.errors import ConfigurationError, ParallelConsumerError
 from parallel_consumer.hooks import Hooks, guarded
 from parallel_consumer.options import Options, RunnerKind
 from parallel_consumer.produce import ProduceResult
+from parallel_consumer.runners.asyncio_loop import AsyncioRunner
 from parallel_consumer.runners.base import Runner
+from parallel_consumer.runners.processes import ProcessRunner, pickled_handler
 from parallel_consumer.runners.threads import ThreadRunner
 from parallel_consumer.status import Lifecycle, Statistics
 
@@ -126,6 +128,13 @@ def _transactional_id(prefix: str, consumer_config: Mapping[str, Any]) -> str:
 _transactional_ids = itertools.count(1)
 
 
+def _is_async(handler: Callable[..., object]) -> bool:
+    """An ``async def`` function, a partial of one, or an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)  # noqa: B004 - the method, not callable()
+    )
+
+
 class ParallelConsumer:
     """Consume Kafka records with far more concurrency than partitions.
 
@@ -157,6 +166,7 @@ class ParallelConsumer:
             raise ConfigurationError("producer_config must be a dict of librdkafka settings")
         config = _checked_config(consumer_config)
         safe_hooks = guarded(hooks)
+        self._hooks = safe_hooks
         self._options = options
         self._producer_config = _checked_producer_config(producer_config, config, options)
         self._producer_factory = producer_factory or Producer
@@ -183,20 +193,48 @@ class ParallelConsumer:
         self._controller = Controller(
             options,
             name=self._name,
-            runner=self._make_runner(safe_hooks),
+            runner=self._make_runner(options.runner or RunnerKind.THREADS),
             poller=self._poller,
             committer=committer,
             clock=self._clock,
             hooks=safe_hooks,
         )
 
-    def _make_runner(self, hooks: Hooks) -> Runner:
-        kind = self._options.runner
-        if kind is RunnerKind.THREADS:
-            return ThreadRunner(
-                self._options.max_concurrency, self._clock, name=self._name, hooks=hooks
+    def _make_runner(self, kind: RunnerKind) -> Runner:
+        options = self._options
+        if kind is RunnerKind.ASYNCIO:
+            return AsyncioRunner(
+                options.max_concurrency, self._clock, name=self._name, hooks=self._hooks
             )
-        raise ConfigurationError(f"Options.runner={kind} is not available")  # pragma: no cover
+        if kind is RunnerKind.PROCESS:
+            assert options.processes is not None
+            return ProcessRunner(options.processes, self._clock, name=self._name, hooks=self._hooks)
+        return ThreadRunner(
+            options.max_concurrency, self._clock, name=self._name, hooks=self._hooks
+        )
+
+    def _runner_kind_for(self, handler: Callable[..., object]) -> RunnerKind:
+        """The runner ``handler`` needs, or a ConfigurationError if ``Options.runner`` says
+        otherwise."""
+        is_async = _is_async(handler)
+        kind = self._options.runner
+        if kind is None:
+            return RunnerKind.ASYNCIO if is_async else RunnerKind.THREADS
+        if is_async and kind is not RunnerKind.ASYNCIO:
+            raise ConfigurationError(
+                f"{handler!r} is an async def handler but Options.runner={kind.value!r}: "
+                "async handlers run on the asyncio runner (leave Options.runner unset, or set "
+                "runner='asyncio'), or make the handler a plain function"
+            )
+        if not is_async and kind is RunnerKind.ASYNCIO:
+            raise ConfigurationError(
+                f"Options.runner='asyncio' runs async def handlers, and {handler!r} is a plain "
+                "function: on the event loop it would block every other call. Make it "
+                "async def, or use runner='threads' (or 'process' for CPU-bound work)"
+            )
+        if kind is RunnerKind.PROCESS:
+            pickled_handler(handler)
+        return kind
 
     def _post(self, event: Any) -> None:
         self._controller.post(event)
@@ -229,7 +267,8 @@ class ParallelConsumer:
         """Register ``handler`` and start processing in the background; returns ``handler``.
 
         Use as a decorator. The handler receives a :class:`PollContext`; returning normally marks
-        its records done, raising retries them (``Retry(delay=...)`` picks the delay).
+        its records done, raising retries them (``Retry(delay=...)`` picks the delay). An
+        ``async def`` handler runs on the asyncio runner (see :class:`RunnerKind`).
         """
         if self._options.transactional:
             raise ConfigurationError(
@@ -285,18 +324,17 @@ class ParallelConsumer:
             )
         if not self._subscribed:
             raise ConfigurationError(f"call subscribe() before registering a handler with {via}()")
-        if inspect.iscoroutinefunction(handler):
-            raise ConfigurationError(
-                "async def handlers need the asyncio runner, which is not available yet; "
-                "register a plain function"
-            )
         if self.lifecycle is not Lifecycle.NEW:
             raise ConfigurationError(f"cannot register a handler when {self.lifecycle.name}")
+        kind = self._runner_kind_for(handler)
+        runner = None
+        if kind is not (self._options.runner or RunnerKind.THREADS):
+            runner = self._make_runner(kind)  # an async def handler picked the asyncio runner
         outputs = None
         if via == "poll_and_produce":
             outputs = self._start_outputs()
+        self._controller.start(handler, runner=runner, outputs=outputs, on_produced=on_produced)
         self._handler = handler
-        self._controller.start(handler, outputs=outputs, on_produced=on_produced)
         self._poller.start()
 
     def _start_outputs(self) -> Outputs:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -56,10 +57,30 @@ class CommitMode(enum.Enum):
 
 
 class RunnerKind(enum.Enum):
-    """Where handler calls run."""
+    """Where handler calls run (``Options.runner``; strings ``"thread"``/``"threads"``,
+    ``"async"``/``"asyncio"`` and ``"process"``/``"processes"`` work too).
 
-    #: A pool of ``max_concurrency`` worker threads calling a plain function (the default).
+    Unset (``None``, the default), the handler picks: ``ASYNCIO`` for an ``async def``
+    handler, else ``THREADS``. See docs/runners.md.
+    """
+
+    #: A pool of ``max_concurrency`` worker threads calling a plain function.
     THREADS = "threads"
+    #: ``async def`` handlers as up to ``max_concurrency`` tasks on one event loop in its own
+    #: thread (``<name>-aio-loop``).
+    ASYNCIO = "asyncio"
+    #: A plain, picklable handler in ``Options.processes`` worker processes (CPU-bound work).
+    PROCESS = "process"
+
+
+_RUNNER_ALIASES = {
+    "thread": RunnerKind.THREADS,
+    "threads": RunnerKind.THREADS,
+    "async": RunnerKind.ASYNCIO,
+    "asyncio": RunnerKind.ASYNCIO,
+    "process": RunnerKind.PROCESS,
+    "processes": RunnerKind.PROCESS,
+}
 
 
 class InvalidMetadataPolicy(enum.Enum):
@@ -120,8 +141,12 @@ class Options:
     ordering: ProcessingOrder = ProcessingOrder.KEY
     #: How many handler calls may run at once (worker threads of the thread runner).
     max_concurrency: int = 16
-    #: Where handler calls run (see :class:`RunnerKind`).
-    runner: RunnerKind = RunnerKind.THREADS
+    #: Where handler calls run (see :class:`RunnerKind`); ``None`` lets the handler pick:
+    #: ``ASYNCIO`` for an ``async def`` handler, ``THREADS`` for a plain function.
+    runner: RunnerKind | None = None
+    #: Worker processes of ``runner="process"`` (``None``: ``os.cpu_count()``); each runs one
+    #: call at a time. Only valid with ``runner="process"``.
+    processes: int | None = None
     #: Records per handler call; the handler receives a PollContext of up to this many records.
     batch_size: int = 1
     commit_mode: CommitMode = CommitMode.PERIODIC_CONSUMER_ASYNC
@@ -148,14 +173,27 @@ class Options:
     #: Most records the poller takes from the client per ``consume()`` call.
     fetch_batch_size: int = 500
     #: Prefix of the instance's thread names (``<name>-<n>-controller``, ``-poller``,
-    #: ``-worker-<i>``; ``n`` counts instances in the process).
+    #: ``-worker-<i>``, ``-aio-loop``, ``-proc-pool``; ``n`` counts instances in the process).
     name: str = field(default="pc")
 
     def __post_init__(self) -> None:
         setattr_ = object.__setattr__
         setattr_(self, "ordering", _member("ordering", ProcessingOrder, self.ordering))
         setattr_(self, "commit_mode", _member("commit_mode", CommitMode, self.commit_mode))
-        setattr_(self, "runner", _member("runner", RunnerKind, self.runner))
+        if self.runner is not None:
+            runner = self.runner
+            if isinstance(runner, str):
+                runner = _RUNNER_ALIASES.get(runner.lower(), runner)
+            setattr_(self, "runner", _member("runner", RunnerKind, runner))
+        if self.runner is RunnerKind.PROCESS:
+            if self.processes is None:
+                setattr_(self, "processes", os.cpu_count() or 1)
+            _positive_int("processes", self.processes)
+        elif self.processes is not None:
+            raise ConfigurationError(
+                f"Options.processes={self.processes!r} only applies to runner='process' "
+                f"(runner is {self.runner!r}); remove it or set runner='process'"
+            )
         setattr_(
             self,
             "invalid_metadata_policy",

@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
-from parallel_consumer.runners.base import Runner
+from parallel_consumer.runners.asyncio_loop import AsyncioRunner
+from parallel_consumer.runners.base import CallCancelled, Runner
+from parallel_consumer.runners.processes import (
+    DetachedRecord,
+    ProcessRunner,
+    RemoteError,
+    WorkerCrashed,
+)
 from parallel_consumer.runners.threads import ThreadRunner
 
-__all__ = ["Runner", "ThreadRunner"]
+__all__ = [
+    "AsyncioRunner",
+    "CallCancelled",
+    "DetachedRecord",
+    "ProcessRunner",
+    "RemoteError",
+    "Runner",
+    "ThreadRunner",
+    "WorkerCrashed",
+]

@@ -2,9 +2,18 @@
 
 A runner receives batches (a batch id plus the PollContext built for its records) and reports
 each finished call as a :class:`~parallel_consumer._events.WorkDone` through the ``done``
-callback it was started with: one outcome per record, and the handler's return value. It owns
-nothing but the user call: no work state, no Kafka client, no WorkItem. Thread, asyncio,
-process and Spark runners plug in here without the controller knowing which it drives.
+callback it was started with: one outcome per record, and the handler's return value (for an
+``async def`` handler, the awaited value). It owns nothing but the user call: no work state, no
+Kafka client, no WorkItem. The thread, asyncio and process runners (and later Spark) plug in
+here without the controller knowing which it drives.
+
+The contract every runner keeps:
+
+- every call that *started* reports exactly one ``WorkDone``, whatever happens to it (it
+  returned, raised, was cancelled, or its worker process died: then it reports a failure, so
+  the controller retries the records and none is lost);
+- a call taken back by :meth:`Runner.cancel_queued` or dropped by :meth:`Runner.stop` before it
+  started never starts and never reports.
 """
 
 from __future__ import annotations
@@ -14,10 +23,18 @@ from typing import Protocol
 
 from parallel_consumer._events import WorkDone
 from parallel_consumer.context import PollContext
+from parallel_consumer.errors import ParallelConsumerError
 
-__all__ = ["Handler", "Runner"]
+__all__ = ["CallCancelled", "Handler", "Runner"]
 
+#: A plain function for the thread and process runners; an ``async def`` function (returning an
+#: awaitable) for the asyncio runner.
 Handler = Callable[[PollContext], object]
+
+
+class CallCancelled(ParallelConsumerError):
+    """A handler call was cancelled before it could finish (``Runner.cancel``, or a close that
+    ran out of time); its records count as failed and are retried."""
 
 
 class Runner(Protocol):
@@ -29,7 +46,9 @@ class Runner(Protocol):
     backlog: int
 
     def start(self, handler: Handler, done: Callable[[WorkDone], None]) -> None:
-        """Start workers that call ``handler`` and report through ``done``."""
+        """Start workers that call ``handler`` and report through ``done``. Raises
+        :class:`~parallel_consumer.errors.ConfigurationError` when the runner cannot run
+        ``handler`` (nothing is left running then)."""
         ...
 
     def submit(self, batch: int, context: PollContext) -> None:
@@ -41,7 +60,17 @@ class Runner(Protocol):
         They are never started and never reported."""
         ...
 
+    def cancel(self, batch: int, error: BaseException | None = None) -> None:
+        """Ask for call ``batch`` to end early. If the runner can interrupt it (the asyncio
+        runner cancels its task; a call not started yet is dropped), the call reports ``error``
+        (default :class:`CallCancelled`) as the failure of each of its records. A no-op where
+        the runner cannot interrupt a running call (a thread; a call inside a worker process)
+        and for a call that has already ended. Thread-safe; never blocks."""
+        ...
+
     def stop(self, timeout: float) -> bool:
         """From now on no call starts (queued ones never will and are not reported); wait up to
-        ``timeout`` for running calls, then stop. False if some did not end in time."""
+        ``timeout`` for running calls, then stop (a runner that can, cancels what is still
+        running; such calls report :class:`CallCancelled`). False if some did not end in
+        time."""
         ...

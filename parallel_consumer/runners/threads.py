@@ -66,6 +66,9 @@ class ThreadRunner:
             if task is not None:
                 cancelled.append(task[0])
 
+    def cancel(self, batch: int, error: BaseException | None = None) -> None:
+        """A no-op: a Python thread cannot be interrupted."""
+
     def stop(self, timeout: float) -> bool:
         with self._gate:
             self._open = False

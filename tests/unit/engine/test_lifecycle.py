@@ -226,18 +226,6 @@ def test_poll_before_subscribe_and_handler_twice_are_rejected(cluster):
         pc.close()
 
 
-def test_async_handler_is_rejected_until_the_asyncio_runner_exists(cluster):
-    pc = ParallelConsumer(_config(), consumer_factory=cluster.consumer)
-    pc.subscribe(["t"])
-
-    async def handler(ctx: PollContext) -> None:
-        return None
-
-    with pytest.raises(ConfigurationError, match="async def"):
-        pc.poll(handler)
-    pc.close()
-
-
 def test_close_before_start_closes_the_client(cluster):
     pc = ParallelConsumer(_config(), consumer_factory=cluster.consumer)
     pc.close()

@@ -1,0 +1,278 @@
+"""What crosses to a worker process of the process runner, and the worker's main loop.
+
+Records travel as plain tuples (:func:`portable_record`), rebuilt in the worker as
+:class:`DetachedRecord` contexts: the attributes of a :class:`RecordContext` without the
+``confluent_kafka.Message`` behind them. Exceptions travel back as values
+(:func:`portable_error`): one that would not survive pickling becomes a :class:`RemoteError`
+that keeps its type name and message.
+
+Messages, parent -> worker: ``("calls", [(batch, (record tuple, ...)), ...])`` and ``("stop",)``.
+Worker -> parent: ``("ready", pid)``, ``("load_failed", text)`` and
+``("done", [(batch, value, error), ...])``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import signal
+import threading
+import time
+import traceback
+from datetime import datetime
+from multiprocessing.connection import Connection
+from typing import Any
+
+from parallel_consumer.context import Headers, PollContext, RecordContext
+from parallel_consumer.errors import ParallelConsumerError
+
+__all__ = [
+    "DetachedRecord",
+    "RemoteError",
+    "WorkerCrashed",
+    "portable_error",
+    "portable_record",
+    "worker_main",
+]
+
+#: A worker sends what it finished once nothing more is waiting for it, or once its oldest
+#: unsent result is this old (so a slow call does not hold back the results before it).
+FLUSH_AFTER = 0.005
+
+RecordTuple = tuple[str, int, int, Any, Any, Any, Any, int, BaseException | None, datetime | None]
+
+
+class RemoteError(ParallelConsumerError):
+    """A handler in a worker process raised an exception that cannot be pickled back to the
+    parent; this one keeps its type name, message and traceback text."""
+
+    def __init__(self, type_name: str, message: str, remote_traceback: str = "") -> None:
+        super().__init__(f"{type_name}: {message}")
+        self.type_name = type_name
+        self.message = message
+        self.remote_traceback = remote_traceback
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.type_name, self.message, self.remote_traceback))
+
+
+class WorkerCrashed(ParallelConsumerError):
+    """The worker process running (or holding) this call died; the call counts as failed and
+    its records are retried. ``exitcode`` is the process's exit code (negative: the signal)."""
+
+    def __init__(self, message: str, exitcode: int | None = None) -> None:
+        super().__init__(message)
+        self.exitcode = exitcode
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.exitcode))
+
+
+def portable_error(error: BaseException) -> BaseException:
+    """``error`` if it survives a pickle round trip, else a :class:`RemoteError` naming it."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        text = "".join(traceback.format_exception(error))
+        return RemoteError(_type_name(error), str(error), text)
+    return error
+
+
+def _type_name(value: object) -> str:
+    kind = type(value)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def portable_record(record: RecordContext) -> RecordTuple:
+    message = record.message
+    failure = record.last_failure
+    return (
+        message.topic(),
+        message.partition(),
+        message.offset(),
+        message.key(),
+        message.value(),
+        message.headers(),
+        message.timestamp(),
+        record.attempts,
+        None if failure is None else portable_error(failure),
+        record.last_failure_at,
+    )
+
+
+class _DetachedMessage:
+    """The accessors of a ``confluent_kafka.Message`` that RecordContext reads."""
+
+    __slots__ = ("_headers", "_key", "_offset", "_partition", "_timestamp", "_topic", "_value")
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: Any,
+        value: Any,
+        headers: Any,
+        timestamp: Any,
+    ) -> None:
+        self._topic = topic
+        self._partition = partition
+        self._offset = offset
+        self._key = key
+        self._value = value
+        self._headers = headers
+        self._timestamp = timestamp
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> Any:
+        return self._key
+
+    def value(self) -> Any:
+        return self._value
+
+    def headers(self) -> Headers | None:
+        return self._headers  # type: ignore[no-any-return]
+
+    def timestamp(self) -> Any:
+        return self._timestamp
+
+
+class DetachedRecord(RecordContext):
+    """A :class:`RecordContext` in a worker process: the same attributes (``key``, ``value``,
+    ``headers``, ``topic``, ``partition``, ``offset``, ``timestamp``, ``attempts``,
+    ``last_failure``, ``last_failure_at``), but no ``message``: the
+    ``confluent_kafka.Message`` stays in the parent."""
+
+    __slots__ = ()
+
+    @classmethod
+    def from_tuple(cls, values: RecordTuple) -> DetachedRecord:
+        topic, partition, offset, key, value, headers, timestamp, attempts, failure, at = values
+        message = _DetachedMessage(topic, partition, offset, key, value, headers, timestamp)
+        return cls(message, attempts, failure, at)
+
+    @property
+    def message(self) -> Any:
+        raise AttributeError(
+            "a record in a worker process of runner='process' has no .message (the "
+            "confluent_kafka.Message stays in the parent); use .key, .value, .headers, .topic, "
+            ".partition, .offset and .timestamp"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        m = self._message
+        values = (
+            m.topic(),
+            m.partition(),
+            m.offset(),
+            m.key(),
+            m.value(),
+            m.headers(),
+            m.timestamp(),
+            self.attempts,
+            self.last_failure,
+            self.last_failure_at,
+        )
+        return (DetachedRecord.from_tuple, (values,))
+
+
+def worker_main(handler_bytes: bytes, tasks: Connection, results: Connection) -> None:
+    """The worker process: load the handler, then run calls until told to stop or the parent
+    goes away (the task pipe reaches its end)."""
+    # Ctrl-C reaches the whole process group: the parent handles it and stops the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        handler = pickle.loads(handler_bytes)
+    except BaseException as exc:
+        results.send(("load_failed", "".join(traceback.format_exception(exc))))
+        return
+    results.send(("ready", os.getpid()))
+    inbox: queue.SimpleQueue[tuple[int, tuple[RecordTuple, ...]] | None] = queue.SimpleQueue()
+    stopping = threading.Event()
+    # A thread keeps reading the task pipe, so the parent's sends never wait for a call to end
+    # (and the two pipes can never both be full with each side waiting for the other).
+    receiver = threading.Thread(
+        target=_receive, args=(tasks, inbox, stopping), name="pc-task-receiver", daemon=True
+    )
+    receiver.start()
+    finished: list[tuple[int, object, BaseException | None]] = []
+    oldest = 0.0
+    while True:
+        if finished and (inbox.empty() or time.monotonic() - oldest >= FLUSH_AFTER):
+            _send_results(results, finished)
+            finished = []
+        task = inbox.get()
+        if task is None or stopping.is_set():
+            if finished:
+                _send_results(results, finished)
+            return
+        batch, records = task
+        context = PollContext([DetachedRecord.from_tuple(r) for r in records])
+        value: object = None
+        error: BaseException | None = None
+        try:
+            value = handler(context)
+        except BaseException as exc:  # SystemExit too: it fails the call, not the worker
+            error = portable_error(exc)
+        if not finished:
+            oldest = time.monotonic()
+        finished.append((batch, value, error))
+
+
+def _receive(
+    tasks: Connection,
+    inbox: queue.SimpleQueue[tuple[int, tuple[RecordTuple, ...]] | None],
+    stopping: threading.Event,
+) -> None:
+    try:
+        while True:
+            message = tasks.recv()
+            if message[0] == "stop":
+                stopping.set()
+                break
+            for call in message[1]:
+                inbox.put(call)
+    except (EOFError, OSError):
+        stopping.set()  # the parent is gone: nobody would read the results
+    inbox.put(None)
+
+
+def _send_results(
+    results: Connection, finished: list[tuple[int, object, BaseException | None]]
+) -> None:
+    try:
+        results.send(("done", finished))
+    except OSError:
+        raise  # the parent is gone
+    except Exception:
+        # Some value cannot be pickled (nothing was written): send the others, and fail the
+        # calls whose values cannot travel.
+        results.send(("done", [_checked(item) for item in finished]))
+
+
+def _checked(
+    item: tuple[int, object, BaseException | None],
+) -> tuple[int, object, BaseException | None]:
+    batch, value, _ = item
+    try:
+        pickle.dumps(value)
+    except Exception as exc:
+        return (
+            batch,
+            None,
+            RemoteError(
+                "TypeError",
+                f"the handler returned a {_type_name(value)}, which cannot be pickled back from "
+                f"the worker process ({exc}); return None or picklable data",
+            ),
+        )
+    return item

@@ -1,0 +1,291 @@
+"""The asyncio runner: ``async def`` handlers as tasks on one event loop in its own thread.
+
+The loop thread (``<name>-aio-loop``) is a portal in the manner of anyio's ``BlockingPortal``
+and dramatiq's ``EventLoopThread``: other threads never touch the loop's objects, they hand it
+callbacks with ``call_soon_threadsafe``. Thousands of calls may be in flight at once (each is a
+task, not a thread); the only limit is ``capacity`` (``Options.max_concurrency``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import inspect
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from parallel_consumer._clock import Clock
+from parallel_consumer._events import WorkDone
+from parallel_consumer.context import PollContext
+from parallel_consumer.hooks import Hooks, NoHooks
+from parallel_consumer.runners.base import CallCancelled, Handler
+
+__all__ = ["AsyncioRunner"]
+
+log = logging.getLogger("parallel_consumer")
+
+#: After ``stop``'s timeout, how long cancelled calls may take to unwind (their ``finally``
+#: blocks, ``async with`` exits) before the loop stops anyway.
+CANCEL_GRACE = 1.0
+#: The loop checks every LAG_CHECK seconds that its timers run on time; a delay above
+#: LAG_WARNING means a handler blocked the loop (time.sleep, a synchronous client, heavy CPU).
+LAG_CHECK = 0.25
+LAG_WARNING = 0.5
+#: At most one blocked-loop warning per this many seconds.
+LAG_WARNING_EVERY = 60.0
+
+_Result = tuple[object, BaseException | None]
+
+
+class AsyncioRunner:
+    """Runs an ``async def`` handler as up to ``capacity`` concurrent tasks on one event loop.
+
+    Owns the loop and its thread. Calls submitted beyond ``capacity`` wait in a queue shared
+    with the controller thread (guarded by ``_lock``, with the open/closed gate), so
+    :meth:`cancel_queued` can take them back synchronously; the loop starts the next queued call
+    as soon as one ends, without a round trip through the controller. Everything else (the tasks
+    in flight, cancellation reasons) belongs to the loop thread.
+
+    Runner hooks (``on_call_start``/``on_call_end``) run on the loop thread around each call: they
+    must not block.
+    """
+
+    def __init__(
+        self, capacity: int, clock: Clock, *, name: str = "pc", hooks: Hooks | None = None
+    ) -> None:
+        self.capacity = capacity
+        self.backlog = max(1, capacity // 4)
+        self._clock = clock
+        self._name = name
+        self._hooks = hooks or NoHooks()
+        self._lock = threading.Lock()
+        self._queued: deque[tuple[int, PollContext]] = deque()  # guarded by _lock
+        self._open = True  # guarded by _lock
+        self._wake_pending = False  # guarded by _lock: a _on_wake is scheduled on the loop
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._handler: Handler | None = None
+        self._done: Callable[[WorkDone], None] | None = None
+        # -- loop thread only --
+        self._running: dict[int, asyncio.Task[_Result]] = {}
+        self._reasons: dict[int, BaseException] = {}
+        self._last_lag_warning = -LAG_WARNING_EVERY
+        #: How often the loop was found blocked for longer than LAG_WARNING.
+        self.blocked_loop_count = 0
+
+    # -- any thread -------------------------------------------------------------------------------
+
+    def start(self, handler: Handler, done: Callable[[WorkDone], None]) -> None:
+        self._handler = handler
+        self._done = done
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        thread = threading.Thread(
+            target=self._run_loop, args=(loop, ready), name=f"{self._name}-aio-loop", daemon=True
+        )
+        self._loop = loop
+        self._thread = thread
+        thread.start()
+        ready.wait()
+
+    def submit(self, batch: int, context: PollContext) -> None:
+        with self._lock:
+            if not self._open:
+                return
+            self._queued.append((batch, context))
+            if self._wake_pending:
+                return  # the loop will take this one with the others: one wake-up per burst
+            self._wake_pending = True
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._on_wake)
+
+    def cancel_queued(self) -> list[int]:
+        with self._lock:
+            taken = [batch for batch, _ in self._queued]
+            self._queued.clear()
+        return taken
+
+    def cancel(self, batch: int, error: BaseException | None = None) -> None:
+        reason = error if error is not None else CallCancelled(f"handler call {batch} cancelled")
+        with self._lock:
+            context = self._take_queued(batch)
+            open_ = self._open
+        if context is not None:
+            # Never started: it ends here, failed, so the controller gets its records back.
+            assert self._done is not None
+            self._done(WorkDone(batch, (reason,) * len(context), None, self._clock.monotonic()))
+            return
+        if open_ and self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self._loop.call_soon_threadsafe(self._cancel_task, batch, reason)
+
+    def stop(self, timeout: float) -> bool:
+        with self._lock:
+            was_open = self._open
+            self._open = False
+            self._queued.clear()
+        loop, thread = self._loop, self._thread
+        if not was_open or loop is None or thread is None or not thread.is_alive():
+            return True
+        in_time = False
+        try:
+            wind_down = asyncio.run_coroutine_threadsafe(self._wind_down(timeout), loop)
+            in_time = wind_down.result(timeout + CANCEL_GRACE + 1.0)
+        except concurrent.futures.TimeoutError:
+            log.warning(
+                "the event loop of %s did not answer within %.1fs: a handler blocks it "
+                "(time.sleep, a synchronous client, heavy CPU?)",
+                self._name,
+                timeout + CANCEL_GRACE + 1.0,
+            )
+        finally:
+            with contextlib.suppress(RuntimeError):  # already closed
+                loop.call_soon_threadsafe(loop.stop)
+            thread.join(CANCEL_GRACE)
+        return in_time
+
+    def _take_queued(self, batch: int) -> PollContext | None:
+        """Under ``_lock``: remove ``batch`` from the queue if it is still there."""
+        for index, (queued, context) in enumerate(self._queued):
+            if queued == batch:
+                del self._queued[index]
+                return context
+        return None
+
+    # -- the loop thread --------------------------------------------------------------------------
+
+    def _run_loop(self, loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
+        asyncio.set_event_loop(loop)
+        loop.call_soon(ready.set)
+        loop.call_soon(self._watch_lag, loop.time())
+        try:
+            loop.run_forever()
+        finally:
+            try:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                asyncio.set_event_loop(None)
+                loop.close()
+
+    def _on_wake(self) -> None:
+        with self._lock:
+            self._wake_pending = False
+        self._fill()
+
+    def _fill(self) -> None:
+        """Start queued calls while there is room."""
+        with self._lock:
+            if not self._open:
+                return
+            room = self.capacity - len(self._running)
+            taken = [self._queued.popleft() for _ in range(min(room, len(self._queued)))]
+        loop = self._loop
+        assert loop is not None
+        assert self._handler is not None
+        handler = self._handler
+        hooks = self._hooks
+        for batch, context in taken:
+            hooks.on_call_start(batch, context)
+            if not self._open:  # stop() came while the hook ran: this call never starts
+                return
+            task = loop.create_task(_call(handler, context))
+            self._running[batch] = task
+            task.add_done_callback(functools.partial(self._finished, batch, context))
+
+    def _finished(self, batch: int, context: PollContext, task: asyncio.Task[_Result]) -> None:
+        self._running.pop(batch, None)
+        reason = self._reasons.pop(batch, None)
+        value: object = None
+        error: BaseException | None
+        if task.cancelled():
+            error = reason if reason is not None else CallCancelled("handler call cancelled")
+        else:
+            value, error = task.result()
+        self._hooks.on_call_end(batch, context, error)
+        assert self._done is not None
+        self._done(WorkDone(batch, (error,) * len(context), value, self._clock.monotonic()))
+        if self._queued:
+            self._fill()
+
+    def _cancel_task(self, batch: int, reason: BaseException) -> None:
+        task = self._running.get(batch)
+        if task is None or task.done():
+            return  # it ended meanwhile and reported its own outcome
+        self._reasons[batch] = reason
+        task.cancel()
+
+    async def _wind_down(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the running calls, then cancel the rest."""
+        tasks = list(self._running.values())
+        if not tasks:
+            return True
+        _, pending = await asyncio.wait(tasks, timeout=max(0.0, timeout))
+        if not pending:
+            return True
+        log.warning(
+            "cancelling %d async handler calls still running after %.1fs", len(pending), timeout
+        )
+        for task in pending:
+            task.cancel()
+        _, stuck = await asyncio.wait(pending, timeout=CANCEL_GRACE)
+        if stuck:
+            log.warning(
+                "%d async handler calls did not end within %.1fs of their cancellation",
+                len(stuck),
+                CANCEL_GRACE,
+            )
+        return False
+
+    def _watch_lag(self, expected: float) -> None:
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        lag = now - expected
+        if lag > LAG_WARNING:
+            self.blocked_loop_count += 1
+            if now - self._last_lag_warning >= LAG_WARNING_EVERY:
+                self._last_lag_warning = now
+                log.warning(
+                    "the event loop %s-aio-loop was blocked for %.2fs: an async handler ran "
+                    "blocking code (time.sleep, a synchronous client, heavy CPU) and every other "
+                    "call waited; await asyncio.sleep / an async client instead, or move the "
+                    "blocking part to loop.run_in_executor",
+                    self._name,
+                    lag,
+                )
+        loop.call_later(LAG_CHECK, self._watch_lag, now + LAG_CHECK)
+
+    def __repr__(self) -> str:
+        state = "open" if self._open else "stopped"
+        return (
+            f"<AsyncioRunner {state} running={len(self._running)}/{self.capacity} "
+            f"queued={len(self._queued)}>"
+        )
+
+
+async def _call(handler: Handler, context: PollContext) -> _Result:
+    """One handler call: (value, None) or (None, error). Only a cancellation of the call's own
+    task propagates (the done callback reports it); everything else is the call's outcome, even
+    SystemExit or KeyboardInterrupt, which would otherwise stop the whole loop."""
+    try:
+        result = handler(context)
+        if inspect.isawaitable(result):
+            result = await result
+        return result, None
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        return None, exc  # a cancellation of the handler's own making: a failure like any other
+    except Exception as exc:
+        return None, exc
+    except GeneratorExit:
+        raise  # the coroutine is being closed (a task that outlived its loop): let it go
+    except BaseException as exc:
+        log.error("async handler raised %r; treating it as a failure of the call", exc)
+        return None, exc

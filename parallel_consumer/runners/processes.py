@@ -1,0 +1,462 @@
+"""The process runner: a plain, picklable handler in ``processes`` worker processes, for CPU-bound
+work that threads cannot run in parallel (the GIL).
+
+Worker processes are started with ``multiprocessing``'s *spawn* method, never *fork*: the parent
+has threads and a librdkafka client, which a forked child would inherit in an unusable state.
+Spawn starts a fresh interpreter that imports the handler by name, so the handler must be a
+module-level function (or another picklable callable), and a script that starts a consumer must
+do so under ``if __name__ == "__main__":`` (the child imports the main module again).
+
+One thread, ``<name>-proc-pool``, owns the workers: it ships calls to them, reads their results,
+and replaces a worker that died. To keep the cost per record low, calls and results travel in
+chunks: a worker holds up to ``PER_WORKER`` calls (one running, the others waiting in its own
+queue), several go in one message, and a worker sends back what it finished in one message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import multiprocessing
+import os
+import pickle
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from parallel_consumer._clock import Clock
+from parallel_consumer._events import WorkDone
+from parallel_consumer.context import PollContext
+from parallel_consumer.errors import ConfigurationError
+from parallel_consumer.hooks import Hooks, NoHooks
+from parallel_consumer.runners._process_worker import (
+    DetachedRecord,
+    RemoteError,
+    WorkerCrashed,
+    portable_record,
+    worker_main,
+)
+from parallel_consumer.runners.base import CallCancelled, Handler
+
+__all__ = [
+    "DetachedRecord",
+    "ProcessRunner",
+    "RemoteError",
+    "WorkerCrashed",
+    "default_processes",
+    "pickled_handler",
+]
+
+log = logging.getLogger("parallel_consumer")
+
+#: Calls a worker process holds at once: one running, the rest waiting in its queue, so it starts
+#: the next without a round trip and calls travel several to a message.
+PER_WORKER = 8
+#: How long start() waits for the workers to load the handler.
+START_TIMEOUT = 60.0
+#: After stop's timeout, how long a terminated worker may take to exit before it is killed.
+KILL_GRACE = 1.0
+
+
+@dataclass(eq=False)
+class _Worker:
+    index: int
+    process: BaseProcess
+    tasks: Connection  # parent -> worker
+    results: Connection  # worker -> parent
+    #: Calls shipped and not reported yet, in shipping order.
+    outstanding: dict[int, PollContext] = field(default_factory=dict)
+    ready: bool = False
+    #: Set once the worker cannot take calls (a send failed, or it was told to stop).
+    closed: bool = False
+
+
+class ProcessRunner:
+    """``processes`` worker processes, each running one call at a time.
+
+    ``capacity`` is ``processes``; ``backlog`` lets each worker hold ``PER_WORKER - 1`` more
+    calls. Calls submitted and not shipped yet wait in a queue shared with the controller thread
+    (guarded by ``_lock`` with the open/closed gate and the stop deadline); the workers and
+    their outstanding calls belong to the pool thread.
+
+    Runner hooks run in the parent on the pool thread: ``on_call_start`` when a call is shipped
+    to a worker, ``on_call_end`` when its result arrives.
+    """
+
+    def __init__(
+        self,
+        processes: int,
+        clock: Clock,
+        *,
+        name: str = "pc",
+        hooks: Hooks | None = None,
+        start_method: str = "spawn",
+    ) -> None:
+        self.capacity = processes
+        self.backlog = processes * (PER_WORKER - 1)
+        self._clock = clock
+        self._name = name
+        self._hooks = hooks or NoHooks()
+        self._context = multiprocessing.get_context(start_method)
+        self._lock = threading.Lock()
+        self._pending: deque[tuple[int, PollContext]] = deque()  # guarded by _lock
+        self._open = True  # guarded by _lock
+        self._stop_at: float | None = None  # guarded by _lock: set by stop()
+        self._wake_pending = False  # guarded by _lock
+        #: Wakes the pool thread (created by start(), closed by the pool thread as it ends).
+        self._wake_r: Connection | None = None
+        self._wake_w: Connection | None = None  # written under _lock
+        self._handler_bytes = b""
+        self._done: Callable[[WorkDone], None] | None = None
+        self._thread: threading.Thread | None = None
+        # -- pool thread only (after start) --
+        self._workers: list[_Worker] = []
+        self._stop_sent = False
+        self._in_time = True
+        #: Worker processes started to replace one that died.
+        self.restarts = 0
+
+    # -- any thread -------------------------------------------------------------------------------
+
+    def start(self, handler: Handler, done: Callable[[WorkDone], None]) -> None:
+        """Start the workers and wait until each has loaded the handler."""
+        self._handler_bytes = pickled_handler(handler)
+        self._done = done
+        self._wake_r, self._wake_w = self._context.Pipe(duplex=False)
+        workers = [self._spawn(index) for index in range(self.capacity)]
+        deadline = time.monotonic() + START_TIMEOUT
+        for worker in workers:
+            problem = _await_ready(worker, deadline)
+            if problem is not None:
+                for w in workers:
+                    _terminate(w)
+                    _close(w)
+                self._close_wake()
+                raise ConfigurationError(f"runner='process': {problem}")
+        self._workers = workers
+        self._thread = threading.Thread(
+            target=self._serve, name=f"{self._name}-proc-pool", daemon=True
+        )
+        self._thread.start()
+
+    def submit(self, batch: int, context: PollContext) -> None:
+        with self._lock:
+            if not self._open:
+                return
+            self._pending.append((batch, context))
+            self._wake()
+
+    def cancel_queued(self) -> list[int]:
+        """Takes back the calls not shipped to a worker yet; calls a worker holds still run."""
+        with self._lock:
+            taken = [batch for batch, _ in self._pending]
+            self._pending.clear()
+        return taken
+
+    def cancel(self, batch: int, error: BaseException | None = None) -> None:
+        """Drops ``batch`` if no worker has it yet (it then reports ``error``); a call inside a
+        worker process runs on (only killing the process could interrupt it)."""
+        with self._lock:
+            context = None
+            for index, (queued, queued_context) in enumerate(self._pending):
+                if queued == batch:
+                    del self._pending[index]
+                    context = queued_context
+                    break
+        if context is not None:
+            reason = error or CallCancelled(f"handler call {batch} cancelled")
+            assert self._done is not None
+            self._done(WorkDone(batch, (reason,) * len(context), None, self._clock.monotonic()))
+
+    def stop(self, timeout: float) -> bool:
+        thread = self._thread
+        with self._lock:
+            if not self._open:
+                return self._in_time
+            self._open = False
+            self._pending.clear()
+            self._stop_at = time.monotonic() + timeout
+            self._wake()
+        if thread is None:
+            return True
+        thread.join(timeout + KILL_GRACE + 5.0)
+        if thread.is_alive():  # pragma: no cover - the pool thread never blocks that long
+            log.warning("the process pool of %s did not stop", self._name)
+            return False
+        return self._in_time
+
+    def _wake(self) -> None:
+        """Under ``_lock``: make sure the pool thread looks at the shared state soon."""
+        if not self._wake_pending and self._wake_w is not None:
+            self._wake_pending = True
+            self._wake_w.send_bytes(b"w")
+
+    def _close_wake(self) -> None:
+        with self._lock:
+            for end in (self._wake_r, self._wake_w):
+                if end is not None:
+                    end.close()
+            self._wake_r = self._wake_w = None
+
+    # -- the pool thread --------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        try:
+            while self._serve_once():
+                pass
+        except BaseException:  # pragma: no cover - a bug in this module
+            # Loud, not silent: its calls stay in flight, which the engine's stall report shows.
+            log.exception("the process pool of %s failed", self._name)
+            raise
+        finally:
+            for worker in self._workers:
+                _terminate(worker)
+                _close(worker)
+            self._workers = []
+            self._close_wake()
+
+    def _serve_once(self) -> bool:
+        """Wait for something to happen and handle it; False once stopped."""
+        with self._lock:
+            stop_at = self._stop_at
+        timeout: float | None = None
+        if stop_at is not None:
+            if not self._stop_sent:
+                self._stop_sent = True
+                for worker in self._workers:
+                    _send(worker, ("stop",))
+            if not self._workers:
+                return False
+            timeout = stop_at - time.monotonic()
+            if timeout <= 0:
+                self._terminate_after_timeout()
+                return False
+        owners: dict[Any, _Worker] = {}
+        for worker in self._workers:
+            owners[worker.results] = worker
+            owners[worker.process.sentinel] = worker
+        wake = self._wake_r
+        assert wake is not None
+        for ready in wait([wake, *owners], timeout):
+            if ready is wake:
+                with self._lock:
+                    self._wake_pending = False
+                    while wake.poll():
+                        wake.recv_bytes()
+                continue
+            worker = owners[ready]
+            if worker not in self._workers:
+                continue  # both its pipe and its sentinel were ready: already handled
+            if ready is worker.results:
+                self._read(worker)
+            else:
+                self._read_all(worker)
+                self._exited(worker)
+        self._ship()
+        return True
+
+    def _read(self, worker: _Worker) -> None:
+        try:
+            message = worker.results.recv()
+        except (EOFError, OSError):
+            self._exited(worker)
+            return
+        kind = message[0]
+        if kind == "done":
+            now = self._clock.monotonic()
+            done = self._done
+            assert done is not None
+            for batch, value, error in message[1]:
+                context = worker.outstanding.pop(batch, None)
+                if context is None:  # pragma: no cover - already reported as failed
+                    continue
+                self._hooks.on_call_end(batch, context, error)
+                done(WorkDone(batch, (error,) * len(context), value, now))
+        elif kind == "ready":
+            worker.ready = True
+        else:  # "load_failed": a replacement could not load the handler the first ones loaded
+            log.error("a replacement worker process could not load the handler:\n%s", message[1])
+
+    def _read_all(self, worker: _Worker) -> None:
+        """Results a worker sent before it exited."""
+        try:
+            while worker in self._workers and worker.results.poll():
+                self._read(worker)
+        except (EOFError, OSError):  # pragma: no cover - _read handles the end of the pipe
+            pass
+
+    def _exited(self, worker: _Worker) -> None:
+        if worker not in self._workers:
+            return
+        self._workers.remove(worker)
+        process = worker.process
+        process.join(KILL_GRACE)
+        code, pid, name = process.exitcode, process.pid, process.name
+        with self._lock:
+            stopping = self._stop_at is not None
+        if stopping and code == 0:
+            # A clean stop: what it still held never started, and is not reported.
+            _close(worker)
+            return
+        self._fail_outstanding(
+            worker,
+            WorkerCrashed(
+                f"worker process {pid} exited with code {code} while it ran this call or held "
+                "it queued",
+                code,
+            ),
+        )
+        _close(worker)
+        if stopping:
+            return
+        log.error(
+            "worker process %s (pid %s) exited with code %s; its calls are reported failed and "
+            "retried; starting a replacement",
+            name,
+            pid,
+            code,
+        )
+        self.restarts += 1
+        self._workers.append(self._spawn(worker.index))
+
+    def _fail_outstanding(self, worker: _Worker, error: BaseException) -> None:
+        now = self._clock.monotonic()
+        done = self._done
+        assert done is not None
+        for batch, context in worker.outstanding.items():
+            self._hooks.on_call_end(batch, context, error)
+            done(WorkDone(batch, (error,) * len(context), None, now))
+        worker.outstanding.clear()
+
+    def _terminate_after_timeout(self) -> None:
+        for worker in list(self._workers):
+            if worker.outstanding:
+                self._in_time = False
+            _terminate(worker)
+            self._read_all(worker)  # may find its end and report it as exited
+            if worker.outstanding:
+                self._fail_outstanding(worker, CallCancelled("the worker was stopped at close"))
+        if not self._in_time:
+            log.warning("worker processes of %s were still running calls at close", self._name)
+
+    def _ship(self) -> None:
+        """Hand waiting calls to the workers with room, the least loaded first."""
+        hooks = self._hooks
+        while True:
+            workers = [w for w in self._workers if w.ready and not w.closed]
+            if not workers:
+                return
+            worker = min(workers, key=lambda w: len(w.outstanding))
+            room = PER_WORKER - len(worker.outstanding)
+            with self._lock:
+                if not self._pending or room <= 0 or not self._open:
+                    return
+                share = min(room, math.ceil(len(self._pending) / len(workers)))
+                chunk = [self._pending.popleft() for _ in range(share)]
+            calls = []
+            for batch, context in chunk:
+                hooks.on_call_start(batch, context)
+                worker.outstanding[batch] = context
+                calls.append((batch, tuple(portable_record(r) for r in context)))
+            # A failed send leaves the calls outstanding: the worker's exit reports them.
+            _send(worker, ("calls", calls))
+
+    def _spawn(self, index: int) -> _Worker:
+        context: Any = self._context
+        task_r, task_w = context.Pipe(duplex=False)
+        result_r, result_w = context.Pipe(duplex=False)
+        process = context.Process(
+            target=worker_main,
+            args=(self._handler_bytes, task_r, result_w),
+            name=f"{self._name}-proc-{index}",
+            daemon=True,
+        )
+        process.start()
+        # Only the child keeps these ends: its exit then reads as the end of our pipe.
+        task_r.close()
+        result_w.close()
+        return _Worker(index, process, task_w, result_r)
+
+    def __repr__(self) -> str:
+        state = "open" if self._open else "stopped"
+        return (
+            f"<ProcessRunner {state} workers={len(self._workers)}/{self.capacity} "
+            f"pending={len(self._pending)} restarts={self.restarts}>"
+        )
+
+
+def pickled_handler(handler: Handler) -> bytes:
+    """``handler`` pickled for the worker processes, or a ConfigurationError saying why not."""
+    try:
+        return pickle.dumps(handler)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"runner='process' needs a handler that can be pickled (a function defined at "
+            f"module level, imported by name in each worker process); {handler!r} cannot be: "
+            f"{exc}. Lambdas, nested functions and closures cannot; neither can bound methods "
+            "of objects holding locks, clients or sockets"
+        ) from exc
+
+
+def default_processes() -> int:
+    return os.cpu_count() or 1
+
+
+def _await_ready(worker: _Worker, deadline: float) -> str | None:
+    """None once ``worker`` loaded the handler, else what went wrong."""
+    remaining = max(0.0, deadline - time.monotonic())
+    if not wait([worker.results, worker.process.sentinel], remaining):
+        return f"worker process {worker.process.name} did not start within {START_TIMEOUT:.0f}s"
+    try:
+        message = worker.results.recv()
+    except (EOFError, OSError):
+        worker.process.join(KILL_GRACE)
+        return (
+            f"worker process {worker.process.name} exited during start-up (exit code "
+            f"{worker.process.exitcode}; its traceback is on stderr). Each worker is a fresh "
+            "interpreter that imports your main module again: start the consumer under "
+            "'if __name__ == \"__main__\":', and define the handler at module level"
+        )
+    if message[0] == "ready":
+        worker.ready = True
+        return None
+    return f"a worker process could not load the handler:\n{message[1]}"
+
+
+def _send(worker: _Worker, message: tuple[Any, ...]) -> None:
+    if worker.closed:
+        return
+    try:
+        worker.tasks.send(message)
+    except OSError:
+        worker.closed = True  # it died; its sentinel tells the pool thread
+    if message[0] == "stop":
+        worker.closed = True
+
+
+def _close(worker: _Worker) -> None:
+    """Release the pipes and the process object (the process has exited or was terminated)."""
+    worker.closed = True
+    worker.tasks.close()
+    worker.results.close()
+    with contextlib.suppress(ValueError):  # still running: only terminate() may end it
+        worker.process.close()
+
+
+def _terminate(worker: _Worker) -> None:
+    process = worker.process
+    try:
+        if process.is_alive():
+            process.terminate()
+            process.join(KILL_GRACE)
+            if process.is_alive():
+                process.kill()
+                process.join(KILL_GRACE)
+    except ValueError:  # already closed
+        pass

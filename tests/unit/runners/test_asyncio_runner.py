@@ -1,0 +1,283 @@
+"""The asyncio runner on its own: calls, failures, cancellation and stop, without the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Message
+
+from parallel_consumer._clock import SystemClock
+from parallel_consumer._events import WorkDone
+from parallel_consumer.context import PollContext, RecordContext
+from parallel_consumer.runners import AsyncioRunner, CallCancelled
+
+
+def context(offset: int) -> PollContext:
+    message = Message(topic="t", partition=0, offset=offset, key=b"k", value=b"v")
+    return PollContext([RecordContext(message)])
+
+
+class Results:
+    """The ``done`` callback: collects WorkDone events from the loop thread."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[WorkDone] = queue.SimpleQueue()
+
+    def __call__(self, event: WorkDone) -> None:
+        self._queue.put(event)
+
+    def take(self, count: int, timeout: float = 10.0) -> dict[int, WorkDone]:
+        deadline = time.monotonic() + timeout
+        out: dict[int, WorkDone] = {}
+        while len(out) < count:
+            event = self._queue.get(timeout=max(0.01, deadline - time.monotonic()))
+            assert event.batch not in out, f"call {event.batch} reported twice"
+            out[event.batch] = event
+        return out
+
+    def empty(self) -> bool:
+        return self._queue.empty()
+
+
+@pytest.fixture
+def runners() -> Iterator[list[AsyncioRunner]]:
+    started: list[AsyncioRunner] = []
+    yield started
+    for runner in started:
+        runner.stop(0.0)
+
+
+def start(runners: list[AsyncioRunner], handler: object, capacity: int = 100) -> Results:
+    results = Results()
+    runner = AsyncioRunner(capacity, SystemClock(), name="test")
+    runner.start(handler, results)  # type: ignore[arg-type]
+    runners.append(runner)
+    return results
+
+
+def test_calls_report_the_awaited_value(runners):
+    # Given an async handler that returns a value after awaiting
+    async def handle(ctx: PollContext) -> int:
+        await asyncio.sleep(0.001)
+        return ctx.offset * 10
+
+    results = start(runners, handle)
+    # When 50 calls run
+    for i in range(50):
+        runners[0].submit(i, context(i))
+    # Then each reports success and the awaited value
+    done = results.take(50)
+    assert {b: (e.errors, e.value) for b, e in done.items()} == {
+        i: ((None,), i * 10) for i in range(50)
+    }
+
+
+def test_runs_on_one_loop_thread_named_after_the_consumer(runners):
+    threads: set[str] = set()
+
+    async def handle(ctx: PollContext) -> None:
+        threads.add(threading.current_thread().name)
+
+    results = start(runners, handle)
+    for i in range(20):
+        runners[0].submit(i, context(i))
+    results.take(20)
+    assert threads == {"test-aio-loop"}
+
+
+def test_an_exception_in_one_call_leaves_the_others_untouched(runners):
+    # Given calls that all wait on one event, and call 3 that raises after it
+    release = asyncio.Event()
+    started = []
+
+    async def handle(ctx: PollContext) -> int:
+        started.append(ctx.offset)
+        await release.wait()
+        if ctx.offset == 3:
+            raise ValueError("boom")
+        return ctx.offset
+
+    results = start(runners, handle)
+    runner = runners[0]
+    for i in range(10):
+        runner.submit(i, context(i))
+    deadline = time.monotonic() + 5
+    while len(started) < 10 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert runner._loop is not None
+    runner._loop.call_soon_threadsafe(release.set)
+    # Then only call 3 failed, with its own exception; the others returned their values
+    done = results.take(10)
+    assert isinstance(done[3].errors[0], ValueError)
+    assert {b: e.value for b, e in done.items() if b != 3} == {i: i for i in range(10) if i != 3}
+    assert all(e.errors == (None,) for b, e in done.items() if b != 3)
+
+
+def test_system_exit_in_a_handler_fails_the_call_and_not_the_loop(runners, caplog):
+    async def handle(ctx: PollContext) -> str:
+        if ctx.offset == 0:
+            raise SystemExit(3)
+        return "ok"
+
+    results = start(runners, handle)
+    runners[0].submit(0, context(0))
+    assert isinstance(results.take(1)[0].errors[0], SystemExit)
+    runners[0].submit(1, context(1))
+    assert results.take(1)[1].value == "ok"
+
+
+def test_cancel_ends_a_running_call_with_the_given_error(runners):
+    # Given two calls awaiting forever
+    entered = threading.Event()
+
+    async def handle(ctx: PollContext) -> None:
+        entered.set()
+        await asyncio.Event().wait()
+
+    results = start(runners, handle)
+    runner = runners[0]
+    runner.submit(1, context(1))
+    runner.submit(2, context(2))
+    assert entered.wait(5)
+    # When call 1 is cancelled with a deadline error
+    runner.cancel(1, TimeoutError("deadline passed"))
+    # Then it reports that error, and call 2 runs on
+    done = results.take(1)
+    assert isinstance(done[1].errors[0], TimeoutError)
+    assert str(done[1].errors[0]) == "deadline passed"
+    time.sleep(0.05)
+    assert results.empty()
+    # And cancel without an error reports CallCancelled
+    runner.cancel(2)
+    assert isinstance(results.take(1)[2].errors[0], CallCancelled)
+
+
+def test_cancel_of_a_call_not_started_reports_it_without_running_it(runners):
+    # Given capacity 1, taken by a call that waits forever, and call 2 queued behind it
+    ran = []
+
+    async def handle(ctx: PollContext) -> None:
+        ran.append(ctx.offset)
+        await asyncio.Event().wait()
+
+    results = start(runners, handle, capacity=1)
+    runners[0].submit(1, context(1))
+    runners[0].submit(2, context(2))
+    # When call 2 is cancelled
+    runners[0].cancel(2, TimeoutError("late"))
+    # Then it reports the error and never runs
+    assert isinstance(results.take(1)[2].errors[0], TimeoutError)
+    time.sleep(0.05)
+    assert ran == [1]
+
+
+def test_cancel_queued_takes_back_calls_that_did_not_start(runners):
+    gate = threading.Event()
+    ran = []
+
+    async def handle(ctx: PollContext) -> None:
+        ran.append(ctx.offset)
+        await asyncio.to_thread(gate.wait, 10)
+
+    results = start(runners, handle, capacity=1)
+    for i in range(1, 4):
+        runners[0].submit(i, context(i))
+    time.sleep(0.05)
+    assert runners[0].cancel_queued() == [2, 3]
+    gate.set()
+    assert set(results.take(1)) == {1}
+    time.sleep(0.05)
+    assert ran == [1]
+    assert results.empty()
+
+
+def test_stop_waits_for_running_calls_within_the_timeout(runners):
+    async def handle(ctx: PollContext) -> int:
+        await asyncio.sleep(0.1)
+        return ctx.offset
+
+    results = start(runners, handle)
+    for i in range(20):
+        runners[0].submit(i, context(i))
+    time.sleep(0.02)
+    assert runners[0].stop(5.0) is True
+    assert all(e.errors == (None,) for e in results.take(20).values())
+
+
+def test_stop_cancels_calls_still_running_after_the_timeout(runners):
+    # Given 100 calls awaiting forever
+    cancelled = []
+
+    async def handle(ctx: PollContext) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(ctx.offset)
+            raise
+
+    results = start(runners, handle)
+    runner = runners[0]
+    for i in range(100):
+        runner.submit(i, context(i))
+    time.sleep(0.05)
+    # When the runner stops with a short timeout
+    started = time.monotonic()
+    assert runner.stop(0.1) is False
+    # Then every call was cancelled, reported as CallCancelled, and the loop thread ended
+    assert time.monotonic() - started < 2.0
+    assert sorted(cancelled) == list(range(100))
+    done = results.take(100)
+    assert all(isinstance(e.errors[0], CallCancelled) for e in done.values())
+    assert runner._thread is not None
+    assert not runner._thread.is_alive()
+
+
+def test_a_handler_that_blocks_the_loop_is_reported(runners, caplog):
+    # Given an async handler that calls time.sleep (blocking the loop)
+    async def handle(ctx: PollContext) -> None:
+        time.sleep(1.0)
+
+    results = start(runners, handle)
+    # When it runs
+    with caplog.at_level(logging.WARNING, logger="parallel_consumer"):
+        runners[0].submit(0, context(0))
+        results.take(1)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not any(
+            "was blocked" in r.getMessage() for r in caplog.records
+        ):
+            time.sleep(0.05)
+    # Then the runner warns that the event loop was blocked, and counts it
+    assert any("was blocked" in r.getMessage() for r in caplog.records)
+    assert runners[0].blocked_loop_count >= 1
+
+
+def test_stop_is_bounded_when_a_call_ignores_its_cancellation(runners, caplog):
+    # Given a call that keeps running after it is cancelled
+    entered = threading.Event()
+
+    async def handle(ctx: PollContext) -> None:
+        entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.sleep(30)
+
+    start(runners, handle)
+    runners[0].submit(0, context(0))
+    assert entered.wait(5)
+    # When the runner stops at once
+    started = time.monotonic()
+    assert runners[0].stop(0.0) is False
+    # Then it gives up after the cancel grace, says so, and its loop thread has ended
+    assert time.monotonic() - started < 4.0
+    assert any("did not end" in r.getMessage() for r in caplog.records)
+    assert runners[0]._thread is not None
+    assert not runners[0]._thread.is_alive()
+    assert not any("GeneratorExit" in r.getMessage() for r in caplog.records)
