@@ -238,3 +238,43 @@ def test_outputs_of_accepts_one_many_or_none() -> None:
     assert outputs_of((one, one)) == [one, one]
     with pytest.raises(TypeError):
         outputs_of(iter([one]))
+
+
+# -- other runners ---------------------------------------------------------------------------
+
+
+def produce_copy(ctx: PollContext) -> ProducerRecord:
+    """Module level: the process runner's workers import it by name."""
+    return ProducerRecord("out", ctx.value, key=ctx.key)
+
+
+def test_async_handlers_produce(harness, cluster, wait_until):
+    cluster.create_topic("t")
+    cluster.create_topic("out")
+    for i in range(50):
+        cluster.produce("t", f"v{i}".encode(), key=b"k%d" % (i % 5))
+    pc = harness.make(Options(ordering=ProcessingOrder.KEY, max_concurrency=20))
+
+    @pc.poll_and_produce
+    async def handle(ctx: PollContext) -> ProducerRecord:
+        return ProducerRecord("out", ctx.value, key=ctx.key)
+
+    wait_until(lambda: pc.statistics().records_succeeded == 50)
+    out = records_in(cluster, "out")
+    assert sorted(m.value() for m in out) == sorted(f"v{i}".encode() for i in range(50))
+    for key in {m.key() for m in out}:
+        values = [int(m.value()[1:]) for m in out if m.key() == key]
+        assert values == sorted(values)
+
+
+def test_process_handlers_produce(harness, cluster, wait_until):
+    cluster.create_topic("t")
+    cluster.create_topic("out")
+    for i in range(20):
+        cluster.produce("t", f"v{i}".encode(), key=b"k%d" % (i % 3))
+    pc = harness.make(Options(runner="process", processes=1, ordering=ProcessingOrder.KEY))
+    pc.poll_and_produce(produce_copy)
+    wait_until(lambda: pc.statistics().records_succeeded == 20, timeout=60)
+    assert sorted(m.value() for m in records_in(cluster, "out")) == sorted(
+        f"v{i}".encode() for i in range(20)
+    )
