@@ -201,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"pc-bench: {exc}", file=sys.stderr)
         return 2
+    except FileNotFoundError as exc:
+        print(f"pc-bench: no such file: {exc.filename}", file=sys.stderr)
+        return 1
     except (BrokerUnreachable, LocalKafkaError) as exc:
         print(f"pc-bench: {exc}", file=sys.stderr)
         return 1

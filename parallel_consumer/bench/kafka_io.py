@@ -42,11 +42,16 @@ def new_group(prefix: str) -> str:
     return f"bench-{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def check_reachable(bootstrap: str, timeout: float = 5.0) -> None:
+#: How long ``--bootstrap`` gets to answer before the run gives up.
+REACH_TIMEOUT = 5.0
+
+
+def check_reachable(bootstrap: str, timeout: float | None = None) -> None:
     """Raise :class:`BrokerUnreachable` unless a broker answers a metadata request in time."""
     from confluent_kafka.admin import AdminClient
 
     # log_level 0: librdkafka's own connection-refused lines would repeat what we say once.
+    timeout = REACH_TIMEOUT if timeout is None else timeout
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
     try:
         admin.list_topics(timeout=timeout)

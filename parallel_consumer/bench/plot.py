@@ -54,6 +54,19 @@ def _subtitle(document: dict[str, Any]) -> str:
     )
 
 
+def _style(ax: Any, ncol: int) -> None:
+    """Plain numbers on the log axis (not 10^x), and the legend under the plot, off the bars."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    plain = FuncFormatter(lambda v, _: f"{v:,.3g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_locator(LogLocator(subs=(2, 5)))
+    ax.yaxis.set_minor_formatter(plain)
+    ax.tick_params(axis="y", which="minor", labelsize=8)
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=ncol, frameon=False)
+    ax.grid(axis="y", alpha=0.3, which="both")
+
+
 def _w1_chart(rows: list[dict[str, Any]], document: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
@@ -66,13 +79,21 @@ def _w1_chart(rows: list[dict[str, Any]], document: dict[str, Any], path: Path) 
         series["Java published"].append(r.get("java_published") or float("nan"))
         series["ideal"].append(res["pc"]["ideal"] if "pc" in res else float("nan"))
     series = {k: v for k, v in series.items() if any(x == x for x in v)}  # drop all-NaN
-    names = {"pc": "parallel_consumer (Python)", "java-pc": "Java Parallel Consumer, same run"}
+    names = {
+        "pc": "parallel_consumer (this library)",
+        "java-pc": "Java Parallel Consumer, same run",
+        "Java published": "Java Parallel Consumer, published (10,000 records, other hardware)",
+        "ideal": "ideal (from the measured sleeps)",
+    }
     fig, ax = plt.subplots(figsize=(12, 5.5))
     width = 0.8 / len(series)
     for i, (name, values) in enumerate(series.items()):
         xs = [x + (i - (len(series) - 1) / 2) * width for x in range(len(labels))]
-        ax.bar(xs, values, width, label=names.get(name, name), color=COLOURS[name])
-    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
+        bars = ax.bar(xs, values, width, label=names.get(name, name), color=COLOURS[name])
+        ax.bar_label(
+            bars, labels=[f"{v:.2f}" if v == v else "" for v in values], fontsize=7, padding=1
+        )
+    ax.set_xticks(range(len(labels)), labels)
     ax.set_ylabel("seconds (log scale; lower is better)")
     ax.set_yscale("log")
     records = rows[0]["parameters"]["records"]
@@ -81,10 +102,9 @@ def _w1_chart(rows: list[dict[str, Any]], document: dict[str, Any], path: Path) 
         f"ordering\n{_subtitle(document)}",
         fontsize=10,
     )
-    ax.legend(fontsize=9)
-    ax.grid(axis="y", alpha=0.3, which="both")
+    _style(ax, 2)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -122,9 +142,8 @@ def _rate_chart(
         f"{p['work']} handler: throughput per contestant\n{_subtitle(document)}",
         fontsize=10,
     )
-    ax.legend(fontsize=9)
-    ax.grid(axis="y", alpha=0.3, which="both")
+    _style(ax, min(len(contestants), 6))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path

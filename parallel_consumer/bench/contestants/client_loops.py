@@ -59,8 +59,10 @@ class SerialContestant:
                 if since_commit >= SERIAL_COMMIT_EVERY:
                     consumer.commit(asynchronous=False)
                     since_commit = 0
-            # commit(asynchronous=False) returns once the broker acknowledged it.
-            consumer.commit(asynchronous=False)
+            # commit(asynchronous=False) returns once the broker acknowledged it; when the last
+            # record closed a batch of SERIAL_COMMIT_EVERY, that commit already was the last.
+            if since_commit:
+                consumer.commit(asynchronous=False)
             finished = time.time()
         finally:
             consumer.close()
