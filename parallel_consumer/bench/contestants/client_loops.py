@@ -30,6 +30,8 @@ class SerialContestant:
     def unsupported(self, row: Row) -> str | None:
         if row.work.kind == "async_sleep":
             return "serial runs plain functions only"
+        if row.batch_size != 1:
+            return "serial has no batches: its figure is the row's without batch_size"
         return None
 
     def run(self, env: RunEnv, row: Row, topic: str, ends: dict[int, int]) -> Observation:
@@ -80,6 +82,8 @@ class RawContestant:
     def unsupported(self, row: Row) -> str | None:
         if row.work.kind != "noop":
             return "raw does no work; it runs no-op rows only (the client's ceiling)"
+        if row.batch_size != 1:
+            return "raw has no batches: its figure is the row's without batch_size"
         return None
 
     def run(self, env: RunEnv, row: Row, topic: str, ends: dict[int, int]) -> Observation:
