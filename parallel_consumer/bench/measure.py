@@ -14,6 +14,7 @@ with ``S`` the summed service time and ``C`` the concurrency; ``c = (wall - idea
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -86,6 +87,13 @@ def ideal_time(log: Sequence[LogEntry], ordering: Ordering, concurrency: int) ->
     return max(max(per_lane), total / min(concurrency, len(per_lane)))
 
 
+def cpu_ideal(row: Row, records: int) -> float:
+    """CPU-bound rows: the work spread over the cores (WORKLOADS.md's ``N·cpu/cores``). Measured
+    service times would not do: under the GIL a thread's record takes longer than its work."""
+    usable = min(row.concurrency, os.cpu_count() or 1)
+    return records * row.work.ms / 1000 / usable
+
+
 def order_kept(log: Sequence[LogEntry], ordering: Ordering) -> bool:
     """Each lane (key, or partition) finished its offsets in increasing order. A lane runs one
     record at a time, so the order of the log is the order of processing. Replays of a record
@@ -118,7 +126,9 @@ def measure(row: Row, observation: Observation, ends: Mapping[int, int]) -> Meas
         records=expected,
         wall=observation.finished - observation.first_call,
         startup=observation.first_call - observation.started,
-        ideal=ideal_time(observation.log, row.ordering, row.concurrency),
+        ideal=cpu_ideal(row, expected)
+        if row.work.kind == "cpu"
+        else ideal_time(observation.log, row.ordering, row.concurrency),
         duplicates=sum(c - 1 for c in counts.values()),
         missing=missing,
         order_ok=order_kept(observation.log, row.ordering),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -12,13 +13,31 @@ from parallel_consumer.bench.model import Work
 __all__ = ["async_work", "sync_work"]
 
 
-def _spin(ms: float) -> None:
-    # Pure-Python arithmetic for ~ms milliseconds: holds the GIL like a real CPU-bound model.
-    deadline = time.perf_counter() + ms / 1000
+def _burn(rounds: int) -> int:
     x = 0
-    while time.perf_counter() < deadline:
+    for _ in range(rounds):
         for i in range(200):
             x += i * i
+    return x
+
+
+@functools.cache
+def rounds_per_ms() -> int:
+    """How many rounds of ``_burn`` take 1 ms on one core here (calibrated once, alone)."""
+    rounds = 1
+    while True:
+        started = time.perf_counter()
+        _burn(rounds)
+        took = time.perf_counter() - started
+        if took > 0.02:
+            return max(1, round(rounds / (took * 1000)))
+        rounds *= 2
+
+
+def _spin(ms: float) -> None:
+    # A fixed amount of pure-Python arithmetic (not "until ms passed"): it holds the GIL like a
+    # real CPU-bound model, so threads contend for it and processes do not.
+    _burn(max(1, round(rounds_per_ms() * ms)))
 
 
 def sync_work(work: Work) -> Callable[[], None]:

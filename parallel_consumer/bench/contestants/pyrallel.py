@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.metadata
 import logging
 import threading
@@ -94,6 +95,9 @@ class PyrallelContestant:
         # to the benchmark's own lines; errors still show.
         logging.getLogger("pyrallel_consumer").setLevel(logging.ERROR)
         asyncio.run(main())
+        # It leaves its producer to the garbage collector: collect it now, while the broker is
+        # up, not at exit after a local broker stopped (librdkafka would log the disconnect).
+        gc.collect()
         if not finished:
             raise RuntimeError(f"pyrallel {row.name}: commits never reached {ends}")
         assert recorder.first_call is not None

@@ -93,3 +93,20 @@ def test_summary_takes_medians_and_sums_what_went_wrong():
     assert summary.duplicates == 2
     assert summary.records_per_s == 0.5
     assert summary.ok
+
+
+def test_cpu_rows_are_measured_against_the_work_spread_over_the_cores(monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    cpu_row = Row(
+        workload="T",
+        label="cpu",
+        data=DataSet(records=1000, partitions=1, keys=10),
+        ordering="KEY",
+        concurrency=16,
+        work=Work("cpu", 1.0),
+    )
+    # Whatever the threads measured (the GIL stretches each record), 1 s of work on 2 cores
+    observation = Observation(0.0, 0.0, 2.0, [(0, b"k", o, 0.016) for o in range(1000)])
+    assert measure(cpu_row, observation, {0: 1000}).ideal == pytest.approx(0.5)
