@@ -11,7 +11,7 @@ from parallel_consumer.bench import features
 from parallel_consumer.bench.contestants.base import LogRecorder, RunEnv
 from parallel_consumer.bench.kafka_io import base_consumer_config, new_group
 from parallel_consumer.bench.model import Observation, Row
-from parallel_consumer.bench.work import async_work, sync_work
+from parallel_consumer.bench.work import async_work, burn, cpu_rounds, sync_work
 from parallel_consumer.options import CommitMode, RunnerKind
 from parallel_consumer.testing import create_topic
 
@@ -51,8 +51,15 @@ class ParallelConsumerContestant:
 
     def run(self, env: RunEnv, row: Row, topic: str, ends: dict[int, int]) -> Observation:
         recorder = LogRecorder(sum(ends.values()))
+        producer: dict[str, Any] | None = None
+        if row.produce is not None:
+            producer = {"linger.ms": 5}
+            if row.produce == "PERIODIC_TRANSACTIONAL_PRODUCER":
+                producer["transactional.id"] = f"pc-bench-{topic}"
         pc = ParallelConsumer(
-            base_consumer_config(env.bootstrap, new_group("pc")), self.options(row)
+            base_consumer_config(env.bootstrap, new_group("pc")),
+            self.options(row),
+            producer_config=producer,
         )
         started = time.time()
         pc.subscribe([topic])
@@ -65,7 +72,8 @@ class ParallelConsumerContestant:
         else:
             # Another process runs the handler: it must pickle, and it cannot log here. The
             # run is checked by its commits reaching the end; the clock starts at subscribe.
-            pc.poll(functools.partial(_process_handler, row.work.ms))
+            # The amount of work is calibrated here, once, so every process does the same.
+            pc.poll(functools.partial(_process_handler, cpu_rounds(row.work.ms)))
         try:
             if in_process:
                 recorder.wait(env.timeout, f"pc {row.name}")
@@ -135,9 +143,6 @@ class ParallelConsumerContestant:
         return handle
 
 
-def _process_handler(ms: float, ctx: PollContext) -> None:
+def _process_handler(rounds: int, ctx: PollContext) -> None:
     """W5's handler in the process runner: module level, so that it pickles."""
-    from parallel_consumer.bench.model import Work
-    from parallel_consumer.bench.work import sync_work as make
-
-    make(Work("cpu", ms))()
+    burn(rounds)
