@@ -120,6 +120,12 @@ def _run(args: argparse.Namespace) -> int:
         rows += WORKLOADS[name].rows(scale)  # type: ignore[arg-type]
     skipped_contestants = {}
     contestants = [US]
+    if "java-pc" in peers:
+        from parallel_consumer.bench.contestants.java_pc import find_project, needs_build
+
+        project = find_project()
+        if project is not None and needs_build(project):
+            say(f"building the java-pc harness with Maven in {project} (first use) ...")
     for name in peers:
         reason = CONTESTANTS[name].unavailable()
         if reason:

@@ -85,13 +85,18 @@ def _w1_chart(rows: list[dict[str, Any]], document: dict[str, Any], path: Path) 
         "Java published": "Java Parallel Consumer, published (10,000 records, other hardware)",
         "ideal": "ideal (from the measured sleeps)",
     }
-    fig, ax = plt.subplots(figsize=(12, 5.5))
+    fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(labels) + 2), 6))
+    ax.margins(y=0.12)
     width = 0.8 / len(series)
     for i, (name, values) in enumerate(series.items()):
         xs = [x + (i - (len(series) - 1) / 2) * width for x in range(len(labels))]
         bars = ax.bar(xs, values, width, label=names.get(name, name), color=COLOURS[name])
         ax.bar_label(
-            bars, labels=[f"{v:.2f}" if v == v else "" for v in values], fontsize=7, padding=1
+            bars,
+            labels=[("" if v != v else f"{v:.1f}" if v >= 10 else f"{v:.2f}") for v in values],
+            fontsize=7,
+            padding=2,
+            rotation=90 if len(labels) > 5 else 0,
         )
     ax.set_xticks(range(len(labels)), labels)
     ax.set_ylabel("seconds (log scale; lower is better)")

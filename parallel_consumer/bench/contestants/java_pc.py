@@ -37,18 +37,23 @@ def find_project() -> Path | None:
     return next((c for c in candidates if (c / "pom.xml").is_file()), None)
 
 
+def needs_build(project: Path) -> bool:
+    """True when the harness was never built or its sources changed since."""
+    class_file = project / "target" / "classes" / (MAIN_CLASS.replace(".", "/") + ".class")
+    classpath_file = project / "target" / "classpath.txt"
+    if not class_file.exists() or not classpath_file.exists():
+        return True
+    sources = [project / "pom.xml", *project.glob("src/**/*.java")]
+    newest = max(source.stat().st_mtime for source in sources)
+    return newest > min(class_file.stat().st_mtime, classpath_file.stat().st_mtime)
+
+
 @functools.cache
 def build(project: Path) -> str:
     """Build the harness when its sources changed; return its classpath."""
     classes = project / "target" / "classes"
     classpath_file = project / "target" / "classpath.txt"
-    class_file = classes / (MAIN_CLASS.replace(".", "/") + ".class")
-    sources = [project / "pom.xml", *project.glob("src/**/*.java")]
-    stale = not class_file.exists() or not classpath_file.exists()
-    if not stale:
-        newest = max(source.stat().st_mtime for source in sources)
-        stale = newest > min(class_file.stat().st_mtime, classpath_file.stat().st_mtime)
-    if stale:
+    if needs_build(project):
         done = subprocess.run(
             ["mvn", "-q", "-B", "package", "-DskipTests"],
             cwd=project,
