@@ -28,6 +28,8 @@ class SerialContestant:
         return None
 
     def unsupported(self, row: Row) -> str | None:
+        if row.produce is not None:
+            return "serial does not produce (a produce row measures poll_and_produce)"
         if row.work.kind == "async_sleep":
             return "serial runs plain functions only"
         if row.batch_size != 1:
@@ -42,8 +44,8 @@ class SerialContestant:
         first_call: float | None = None
         started = time.time()
         deadline = time.monotonic() + env.timeout
-        consumer.subscribe([topic])
         try:
+            consumer.subscribe([topic])
             since_commit = 0
             while len(log) < expected:
                 if time.monotonic() > deadline:
@@ -93,8 +95,8 @@ class RawContestant:
         first_call: float | None = None
         started = time.time()
         deadline = time.monotonic() + env.timeout
-        consumer.subscribe([topic])
         try:
+            consumer.subscribe([topic])
             while len(log) < expected:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"raw {row.name}: only {len(log)}/{expected} records")

@@ -89,6 +89,8 @@ class JavaParallelConsumerContestant:
         return None
 
     def unsupported(self, row: Row) -> str | None:
+        if row.produce is not None:
+            return "the Java harness has no pollAndProduce yet"
         if row.work.kind not in ("noop", "sleep_random", "sleep"):
             return f"the Java harness runs no {row.work.kind} work"
         return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
+import uuid
 from typing import Any
 
 from parallel_consumer import Options, ParallelConsumer, PollContext, ProcessingOrder
@@ -52,7 +53,10 @@ class ParallelConsumerContestant:
     def run(self, env: RunEnv, row: Row, topic: str, ends: dict[int, int]) -> Observation:
         recorder = LogRecorder(sum(ends.values()))
         producer: dict[str, Any] | None = None
+        output = ""
         if row.produce is not None:
+            # Created before the clocks start: not part of anyone's start-up.
+            output = create_topic(env.bootstrap, f"{topic}-out-{uuid.uuid4().hex[:6]}")
             producer = {"linger.ms": 5}
             if row.produce == "PERIODIC_TRANSACTIONAL_PRODUCER":
                 producer["transactional.id"] = f"pc-bench-{topic}"
@@ -62,19 +66,19 @@ class ParallelConsumerContestant:
             producer_config=producer,
         )
         started = time.time()
-        pc.subscribe([topic])
         in_process = row.runner.get("runner") != "process"
-        if row.produce is not None:
-            output = create_topic(env.bootstrap, f"{topic}-out", partitions=row.data.partitions)
-            pc.poll_and_produce(self._producing_handler(row, recorder, output))  # type: ignore[attr-defined]
-        elif in_process:
-            pc.poll(self._handler(row, recorder))
-        else:
-            # Another process runs the handler: it must pickle, and it cannot log here. The
-            # run is checked by its commits reaching the end; the clock starts at subscribe.
-            # The amount of work is calibrated here, once, so every process does the same.
-            pc.poll(functools.partial(_process_handler, cpu_rounds(row.work.ms)))
         try:
+            pc.subscribe([topic])
+            if row.produce is not None:
+                handler = self._producing_handler(row, recorder, output)
+                pc.poll_and_produce(handler)  # type: ignore[attr-defined, unused-ignore]
+            elif in_process:
+                pc.poll(self._handler(row, recorder))
+            else:
+                # Another process runs the handler: it must pickle, and it cannot log here.
+                # The run is checked by its commits reaching the end; the clock starts at
+                # subscribe. The work is calibrated here, once, so every process does the same.
+                pc.poll(functools.partial(_process_handler, cpu_rounds(row.work.ms)))
             if in_process:
                 recorder.wait(env.timeout, f"pc {row.name}")
             # The clock stops when the broker acknowledged the end offset of every partition.
@@ -109,7 +113,7 @@ class ParallelConsumerContestant:
 
     @staticmethod
     def _producing_handler(row: Row, recorder: LogRecorder, output: str) -> Any:
-        from parallel_consumer import ProducerRecord  # type: ignore[attr-defined]
+        from parallel_consumer import ProducerRecord  # type: ignore[attr-defined, unused-ignore]
 
         work = sync_work(row.work)
 

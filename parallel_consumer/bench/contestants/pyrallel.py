@@ -32,6 +32,8 @@ class PyrallelContestant:
         return None
 
     def unsupported(self, row: Row) -> str | None:
+        if row.produce is not None:
+            return "pyrallel is not run on produce rows (a produce row measures poll_and_produce)"
         if row.work.kind == "cpu":
             return "pyrallel's asyncio mode runs no CPU-bound work in parallel"
         if row.batch_size != 1:

@@ -31,6 +31,8 @@ class ShareContestant:
         return None
 
     def unsupported(self, row: Row) -> str | None:
+        if row.produce is not None:
+            return "share does not produce (a produce row measures poll_and_produce)"
         if row.ordering != "UNORDERED":
             return "a share group keeps no order; it runs UNORDERED rows only"
         if row.work.kind in ("async_sleep", "cpu"):
@@ -84,8 +86,8 @@ class ShareContestant:
         first_call: float | None = None
         started = time.time()
         deadline = time.monotonic() + env.timeout
-        consumer.subscribe([topic])
         try:
+            consumer.subscribe([topic])
             with ThreadPoolExecutor(row.concurrency, thread_name_prefix="bench-share") as pool:
                 while len(done) < expected:
                     if time.monotonic() > deadline:

@@ -70,3 +70,10 @@ def test_share_runs_unordered_rows_only_and_raw_no_op_rows_only():
     assert CONTESTANTS["share"].unsupported(w1["UNORDERED"]) is None
     assert CONTESTANTS["raw"].unsupported(w1["UNORDERED"])
     assert CONTESTANTS["raw"].unsupported(WORKLOADS["W2"].rows("tiny")[0]) is None
+
+
+def test_only_pc_produces_and_raw_reads_beside_it_on_produce_rows():
+    row = WORKLOADS["W4"].rows("tiny")[0]
+    for name in ("serial", "pyrallel", "share", "java-pc"):
+        assert CONTESTANTS[name].unsupported(row), name
+    assert CONTESTANTS["raw"].unsupported(row) is None
