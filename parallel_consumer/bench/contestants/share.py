@@ -35,6 +35,8 @@ class ShareContestant:
             return "share does not produce (a produce row measures poll_and_produce)"
         if row.ordering != "UNORDERED":
             return "a share group keeps no order; it runs UNORDERED rows only"
+        if row.batch_size != 1:
+            return "share has no batches: its figure is the row's without batch_size"
         if row.work.kind in ("async_sleep", "cpu"):
             return "share runs thread-pool work only"
         return None
