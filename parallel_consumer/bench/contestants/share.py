@@ -26,7 +26,7 @@ class ShareContestant:
         if not hasattr(confluent_kafka, "ShareConsumer"):
             return (
                 f"confluent-kafka {confluent_kafka.__version__} has no ShareConsumer "
-                "(share groups need confluent-kafka >= 2.13)"
+                "(share groups need a newer confluent-kafka; 2.16.1 has it)"
             )
         return None
 
