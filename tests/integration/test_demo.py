@@ -1,12 +1,19 @@
-"""The README's main job (`pc demo`) works against a real broker and checks its own result."""
+"""The README's main job works against a real broker and checks its own result.
+
+``scripts/demo`` is set-up followed by ``pc-bench run --quick``; here the same code path runs a
+tiny W1 and W2 with two contestants beside this library, so CI stays fast. ``pc demo`` (the
+guided single-consumer example) keeps its own test.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
 import pytest
 
+from parallel_consumer.bench import cli
 from parallel_consumer.cli import demo
 
 #: The library's warning for one failed attempt of one record: "<topic>[<p>]@<o> failed (attempt
@@ -15,7 +22,44 @@ PER_RECORD_RETRY = re.compile(r"\(attempt \d+\)")
 
 
 @pytest.mark.kafka_requires("commit_metadata")
-def test_demo_processes_everything_in_order_and_commits_to_the_end(kafka, capsys, caplog):
+def test_the_quick_benchmark_runs_end_to_end_and_checks_every_row(kafka, tmp_path, capsys):
+    # Given the demo's benchmark at its tiniest, with the serial loop and the raw client as peers
+    argv = ["run", "W1", "W2", "--scale", "tiny", "--peers", "serial,raw"]
+    argv += ["--bootstrap", kafka.bootstrap_servers, "--out", str(tmp_path)]
+
+    # When it runs
+    code = cli.main(argv)
+
+    # Then every row ran with every contestant that applies, and every check held
+    out = capsys.readouterr().out
+    assert code == 0, out
+    (results,) = tmp_path.glob("pc-bench-*.json")
+    document = json.loads(results.read_text())
+    rows = {f"{r['workload']} {r['row']}": r for r in document["rows"]}
+    assert set(rows) == {"W1 KEY-10", "W1 UNORDERED", "W2 KEY", "W2 UNORDERED"}
+    for name, row in rows.items():
+        expected = {"pc", "serial"} | ({"raw"} if name.startswith("W2") else set())
+        assert set(row["results"]) == expected, name
+        assert not row["failed"], name
+        for contestant, result in row["results"].items():
+            assert result["missing"] == 0, (name, contestant)
+            assert result["order_ok"], (name, contestant)
+            assert result["duplicates"] == 0, (name, contestant)
+            assert result["wall"] > 0, (name, contestant)
+        assert row["ratio_to_us"]["pc"] == 1.0
+    assert rows["W1 KEY-10"]["skipped"]["raw"].startswith("raw does no work")
+    # And the run is described: machine facts and parameters
+    assert document["machine"]["cores"] >= 1
+    assert document["machine"]["librdkafka"]
+    assert document["parameters"]["contestants"] == ["pc", "serial", "raw"]
+    # And the table was printed, and the charts can be drawn from the file
+    assert "pc-bench results" in out
+    assert cli.main(["plot", str(results)]) == 0
+    assert sorted(p.name.rsplit("-", 1)[1] for p in tmp_path.glob("*.png")) == ["W1.png", "W2.png"]
+
+
+@pytest.mark.kafka_requires("commit_metadata")
+def test_pc_demo_processes_everything_in_order_and_commits_to_the_end(kafka, capsys, caplog):
     # Given a demo whose handler fails the first attempt of about 120 of its 600 records
     caplog.set_level(logging.WARNING)
 

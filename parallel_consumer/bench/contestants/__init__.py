@@ -1,0 +1,33 @@
+"""The contestants: every way of consuming that a workload's rows are run with.
+
+Adding one is one module with a class following :class:`~.base.Contestant`, listed here.
+"""
+
+from __future__ import annotations
+
+from parallel_consumer.bench.contestants.base import Contestant, RunEnv
+from parallel_consumer.bench.contestants.client_loops import RawContestant, SerialContestant
+from parallel_consumer.bench.contestants.java_pc import JavaParallelConsumerContestant
+from parallel_consumer.bench.contestants.pc import ParallelConsumerContestant
+from parallel_consumer.bench.contestants.pyrallel import PyrallelContestant
+from parallel_consumer.bench.contestants.share import ShareContestant
+
+__all__ = ["CONTESTANTS", "DEFAULT_PEERS", "US", "Contestant", "RunEnv"]
+
+#: This library's name in tables and ratios ("ratio to us").
+US = "pc"
+
+CONTESTANTS: dict[str, Contestant] = {
+    c.name: c
+    for c in (
+        ParallelConsumerContestant(),
+        SerialContestant(),
+        RawContestant(),
+        PyrallelContestant(),
+        ShareContestant(),
+        JavaParallelConsumerContestant(),
+    )
+}
+
+#: Peers run beside ``pc`` unless ``--peers`` says otherwise.
+DEFAULT_PEERS = ("serial", "raw", "pyrallel", "share", "java-pc")
