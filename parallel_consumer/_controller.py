@@ -39,6 +39,7 @@ from parallel_consumer._events import (
     SetPaused,
     StopPoller,
     WorkDone,
+    WorkDoneMany,
 )
 from parallel_consumer._producer import Outputs
 from parallel_consumer.commit import Committer
@@ -68,6 +69,11 @@ log = logging.getLogger("parallel_consumer")
 
 #: A record's failed attempts are logged at INFO, and at WARNING from this attempt on.
 WARN_FROM_ATTEMPT = 3
+#: Roughly what handing one call to a worker thread and its result back costs (seconds). Calls
+#: much shorter than this go to workers in chunks (see _chunk_size).
+THREAD_HOP = 50e-6
+#: Most calls in one chunk.
+MAX_CHUNK = 32
 
 
 class PollerPort(Protocol):
@@ -125,6 +131,10 @@ class Controller:
             partition_order=options.ordering is ProcessingOrder.PARTITION,
         )
         self._stall = StallWatch()
+        #: Mean handler time per call (exponentially weighted), as the runner measured it.
+        self._service = 1.0
+        #: Calls per task handed to the runner: 1, or more for short calls (adaptive dispatch).
+        self.chunk_size = 1
         self._next_commit = 0.0
         self._close: Closing | None = None
         # -- poll_and_produce (None / unused for poll) --
@@ -283,6 +293,10 @@ class Controller:
         if isinstance(event, WorkDone):
             self._on_work_done(event)
             return
+        if isinstance(event, WorkDoneMany):
+            for call in event.calls:
+                self._on_work_done(call)
+            return
         if isinstance(event, OutputsDelivered):
             self._on_delivered(event)
             return
@@ -415,10 +429,12 @@ class Controller:
         take = self._shards.take
         blocked = self._commits.blocked
         in_flight = self._in_flight
-        capacity = self._runner.capacity + self._runner.backlog
+        chunk = self.chunk_size
+        capacity = (self._runner.capacity + self._runner.backlog) * chunk
         batch_size = self._options.batch_size
         submit = self._runner.submit
         on_dispatch = self._hooks.on_dispatch
+        calls: list[tuple[int, PollContext]] = []
         while len(in_flight) < capacity:
             items: list[WorkItem] = []
             while len(items) < batch_size:
@@ -427,7 +443,7 @@ class Controller:
                     break
                 items.append(item)
             if not items:
-                return
+                break
             batch = in_flight.add(items, now)
             context = PollContext(
                 [
@@ -436,13 +452,38 @@ class Controller:
                 ]
             )
             on_dispatch(batch.id, context)
-            submit(batch.id, context)
+            if chunk == 1:
+                submit(batch.id, context)
+                continue
+            calls.append((batch.id, context))
+            if len(calls) == chunk:
+                self._submit_chunk(calls)
+                calls = []
+        if calls:
+            self._submit_chunk(calls)
+
+    def _submit_chunk(self, calls: list[tuple[int, PollContext]]) -> None:
+        if len(calls) == 1:
+            self._runner.submit(*calls[0])
+        else:
+            self._runner.submit_chunk(calls)  # type: ignore[attr-defined]
+
+    def _observe_service(self, took: float) -> None:
+        """Adaptive dispatch: follow the handler's time per call; calls much shorter than a
+        thread hop go to workers in chunks (one hop for many calls), longer ones one by one so
+        that no call waits behind another on a worker while others are idle."""
+        service = self._service = self._service * 0.9 + took * 0.1
+        if not hasattr(self._runner, "submit_chunk"):
+            return
+        self.chunk_size = max(1, min(MAX_CHUNK, int(THREAD_HOP / max(service, 1e-7))))
 
     def _on_work_done(self, event: WorkDone) -> None:
         batch = self._in_flight.pop(event.batch)
         if batch is None:
             return  # taken back from the runner on close
         self._hooks.on_work_done(batch.id, event.errors, event.finished_at - batch.started_at)
+        if event.took:
+            self._observe_service(event.took)
         errors = event.errors
         if self._produces and not any(errors):
             try:
@@ -507,12 +548,21 @@ class Controller:
         self._outputs.send(pending.batch.id, pending.outputs)
 
     def _on_delivered(self, event: OutputsDelivered) -> None:
-        pending = self._pending.delivered(event.batch)
+        now = self._clock.monotonic()
+        for batch_id, results in event.calls:
+            self._delivered(batch_id, results, now)
+
+    def _delivered(
+        self,
+        batch_id: int,
+        results: tuple[tuple[int, int] | BaseException | None, ...],
+        now: float,
+    ) -> None:
+        pending = self._pending.delivered(batch_id)
         if pending is None:  # pragma: no cover - every call is reported once
             return
         batch = pending.batch
-        now = self._clock.monotonic()
-        failures = [r for r in event.results if isinstance(r, BaseException)]
+        failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
             failure = failures[0]
             self._counters.outputs_failed += len(failures)
@@ -523,7 +573,7 @@ class Controller:
             return
         self._counters.outputs_acknowledged += len(pending.outputs)
         if self._on_produced is not None:
-            self._report_produced(pending, event.results)
+            self._report_produced(pending, results)
         self._settle(batch, (None,) * len(batch.items), now)
 
     def _report_produced(
@@ -816,6 +866,7 @@ class Controller:
             shards=self._shards,
             in_flight=self._in_flight,
             delivering=self._pending.records,
+            chunk_size=self.chunk_size,
             retries=len(self._retries),
             pauses=self._pauses,
             commits=self._commits,

@@ -32,6 +32,7 @@ __all__ = [
     "StopPoller",
     "Transact",
     "WorkDone",
+    "WorkDoneMany",
 ]
 
 
@@ -128,6 +129,15 @@ class WorkDone:
     errors: Sequence[BaseException | None]
     value: object
     finished_at: float  # clock.monotonic() when the call ended
+    #: How long the handler ran, where the runner measures it (0.0 where it does not).
+    took: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkDoneMany:
+    """Several handler calls ended: the calls of one chunk (``ThreadRunner.submit_chunk``)."""
+
+    calls: tuple[WorkDone, ...]
 
 
 # -- producer -> controller -------------------------------------------------------------------
@@ -135,12 +145,11 @@ class WorkDone:
 
 @dataclass(frozen=True, slots=True)
 class OutputsDelivered:
-    """Every output of one handler call (batch id) is settled: per output, in the order the
-    handler returned them, ``(partition, offset)`` where the broker acknowledged it, or the
-    exception that says why it was not delivered."""
+    """Handler calls whose outputs are all settled: ``(batch id, results)`` per call, with per
+    output, in the order the handler returned them, ``(partition, offset)`` where the broker
+    acknowledged it, or the exception that says why it was not delivered."""
 
-    batch: int
-    results: tuple[tuple[int, int] | BaseException | None, ...]
+    calls: tuple[tuple[int, tuple[tuple[int, int] | BaseException | None, ...]], ...]
 
 
 # -- user thread -> controller ----------------------------------------------------------------
@@ -167,6 +176,7 @@ ControllerEvent = (
     | RecordUnreadable
     | PollerFailed
     | WorkDone
+    | WorkDoneMany
     | OutputsDelivered
     | Control
 )

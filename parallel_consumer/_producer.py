@@ -1,10 +1,10 @@
 """The library's producer for ``poll_and_produce`` (thread ``<name>-producer``).
 
 The controller hands it the outputs of one handler call (:meth:`Outputs.send`); the broker's
-delivery reports are gathered per call and posted back as one
-:class:`~parallel_consumer._events.OutputsDelivered` event when the last one arrived. A thread of
-its own serves the delivery reports (``producer.poll``), so they arrive whatever the controller
-and the poller are doing, a revoke included.
+delivery reports are gathered per call, and the calls settled during one round of the producer
+thread (``producer.poll``) go back as one
+:class:`~parallel_consumer._events.OutputsDelivered` event. The thread serves the delivery
+reports whatever the controller and the poller are doing, a revoke included.
 
 In the transactional commit mode the poller drives the transaction (it holds the consumer's
 group metadata, which fences zombies, KIP-447): :meth:`Outputs.transact` sends the offsets into
@@ -18,6 +18,7 @@ import enum
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -59,17 +60,20 @@ class TransactionOutcome(enum.Enum):
     FATAL = "fatal"
 
 
+Settled = tuple[int, tuple[tuple[int, int] | BaseException | None, ...]]
+
+
 class _Delivery:
-    """The delivery reports of one call's outputs; posts them once all arrived."""
+    """The delivery reports of one call's outputs; once all arrived, the call is settled."""
 
-    __slots__ = ("_lock", "_post", "_remaining", "batch", "results")
+    __slots__ = ("_lock", "_remaining", "_settled", "batch", "results")
 
-    def __init__(self, batch: int, count: int, post: Callable[[ControllerEvent], None]) -> None:
+    def __init__(self, batch: int, count: int, settled: deque[Settled]) -> None:
         self.batch = batch
         self.results: list[tuple[int, int] | BaseException | None] = [None] * count
         self._remaining = count
         self._lock = threading.Lock()
-        self._post = post
+        self._settled = settled
 
     def report(self, index: int, error: Any, message: Any) -> None:
         # Runs on the producer thread (delivery reports) or the controller (a produce() that
@@ -87,7 +91,8 @@ class _Delivery:
             self._remaining -= 1
             last = self._remaining == 0
         if last:
-            self._post(OutputsDelivered(self.batch, tuple(self.results)))
+            # Posted by the producer thread, with every other call settled meanwhile.
+            self._settled.append((self.batch, tuple(self.results)))
 
 
 class Outputs:
@@ -105,6 +110,8 @@ class Outputs:
         self._post = post
         self.transactional = transactional
         self._stopping = threading.Event()
+        #: Calls whose outputs are all settled, not yet posted (appended by any thread).
+        self._settled: deque[Settled] = deque()
         self._thread = threading.Thread(target=self._serve, name=f"{name}-producer", daemon=True)
         self._closed = False
 
@@ -122,7 +129,7 @@ class Outputs:
 
     def send(self, batch: int, outputs: Sequence[ProducerRecord]) -> None:
         """Produce one call's outputs; one OutputsDelivered event follows once all are settled."""
-        delivery = _Delivery(batch, len(outputs), self._post)
+        delivery = _Delivery(batch, len(outputs), self._settled)
         produce = self._producer.produce
         for index, record in enumerate(outputs):
             report = partial(delivery.report, index)
@@ -200,9 +207,18 @@ class Outputs:
     # -- delivery reports and close -------------------------------------------------------------
 
     def _serve(self) -> None:
+        """Serve delivery reports; post the calls they settled, as one event per round."""
         poll = self._producer.poll
-        while not self._stopping.is_set():
+        settled = self._settled
+        post = self._post
+        stopping = self._stopping
+        while not stopping.is_set():
             poll(0.05)
+            if settled:
+                calls = []
+                while settled:
+                    calls.append(settled.popleft())
+                post(OutputsDelivered(tuple(calls)))
 
     def close(self, *, abort: bool) -> None:
         """Stop serving; wait for outputs still on their way (non-transactional), or abort the
