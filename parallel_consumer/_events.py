@@ -25,6 +25,7 @@ __all__ = [
     "PollerCommand",
     "PollerFailed",
     "PositionsReached",
+    "ProducerFailed",
     "RecordUnreadable",
     "RecordsPolled",
     "Release",
@@ -152,6 +153,13 @@ class OutputsDelivered:
     calls: tuple[tuple[int, tuple[tuple[int, int] | BaseException | None, ...]], ...]
 
 
+@dataclass(frozen=True, slots=True)
+class ProducerFailed:
+    """The library's producer cannot go on (a fatal error, e.g. fenced): stop."""
+
+    reason: str
+
+
 # -- user thread -> controller ----------------------------------------------------------------
 
 
@@ -178,6 +186,7 @@ ControllerEvent = (
     | WorkDone
     | WorkDoneMany
     | OutputsDelivered
+    | ProducerFailed
     | Control
 )
 
@@ -205,6 +214,9 @@ class Transact:
 
     offsets: tuple[OffsetCommit, ...]
     reply: Future[tuple[CommitAnswer, ...]] = field(compare=False)
+    #: Abort instead of committing (an output of the transaction was rejected before it
+    #: reached the producer, or partitions with outputs in it were lost).
+    abort: bool = False
 
 
 @dataclass(frozen=True, slots=True)

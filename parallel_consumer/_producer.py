@@ -25,7 +25,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from parallel_consumer._events import ControllerEvent, OutputsDelivered
+from parallel_consumer._events import ControllerEvent, OutputsDelivered, ProducerFailed
 from parallel_consumer.produce import ProduceError, ProducerRecord
 
 __all__ = ["Outputs", "TransactionOutcome"]
@@ -112,6 +112,9 @@ class Outputs:
         self._stopping = threading.Event()
         #: Calls whose outputs are all settled, not yet posted (appended by any thread).
         self._settled: deque[Settled] = deque()
+        #: Controller thread: (call, first output not sent yet, outputs), in order.
+        self._backlog: deque[tuple[_Delivery, int, Sequence[ProducerRecord]]] = deque()
+        self._full_since: float | None = None
         self._thread = threading.Thread(target=self._serve, name=f"{name}-producer", daemon=True)
         self._closed = False
 
@@ -128,43 +131,79 @@ class Outputs:
     # -- the controller thread ------------------------------------------------------------------
 
     def send(self, batch: int, outputs: Sequence[ProducerRecord]) -> None:
-        """Produce one call's outputs; one OutputsDelivered event follows once all are settled."""
+        """Produce one call's outputs; an OutputsDelivered event follows once all are settled.
+        Never blocks: outputs that find the producer's queue full wait in a backlog that
+        :meth:`pump` sends on (the controller calls it every turn while :attr:`backlog` holds
+        any)."""
         delivery = _Delivery(batch, len(outputs), self._settled)
+        backlog = self._backlog
+        if backlog:
+            backlog.append((delivery, 0, outputs))
+            self.pump()
+        else:
+            self._produce(delivery, 0, outputs)
+
+    @property
+    def backlog(self) -> bool:
+        """Outputs wait for room in the producer's queue."""
+        return bool(self._backlog)
+
+    def pump(self) -> None:
+        """Send outputs of the backlog until the producer's queue is full again."""
+        backlog = self._backlog
+        while backlog:
+            delivery, start, outputs = backlog.popleft()
+            if not self._produce(delivery, start, outputs):
+                return
+        self._full_since = None
+
+    def _produce(self, delivery: _Delivery, start: int, outputs: Sequence[ProducerRecord]) -> bool:
+        """Produce ``outputs[start:]``; False if the queue filled up (the rest went to the
+        front of the backlog). A rejected output fails the rest of the call unsent."""
         produce = self._producer.produce
-        for index, record in enumerate(outputs):
-            report = partial(delivery.report, index)
-            waited_since: float | None = None
-            while True:
-                try:
-                    produce(
-                        record.topic,
-                        record.value,
-                        record.key,
-                        partition=-1 if record.partition is None else record.partition,
-                        headers=record.headers or None,
-                        on_delivery=report,
-                    )
-                    break
-                except BufferError:
-                    # The producer's queue is full: its thread drains it as the broker answers.
-                    now = time.monotonic()
-                    if waited_since is None:
-                        waited_since = now
-                    elif now - waited_since > QUEUE_FULL_WARNING:
-                        log.warning(
-                            "the producer's queue has been full for %.0fs (is the broker "
-                            "reachable?); raise queue.buffering.max.messages if outputs are many",
-                            now - waited_since,
-                        )
-                        waited_since = now
-                    time.sleep(0.002)
-                except (KafkaException, TypeError, ValueError) as exc:
-                    error = exc.args[0] if exc.args else exc
-                    reason = f"output {index} to {record.topic} rejected: {error}"
-                    report(ProduceError(reason), None)
-                    break
+        for index in range(start, len(outputs)):
+            record = outputs[index]
+            try:
+                produce(
+                    record.topic,
+                    record.value,
+                    record.key,
+                    partition=-1 if record.partition is None else record.partition,
+                    headers=record.headers or None,
+                    on_delivery=partial(delivery.report, index),
+                )
+            except BufferError:
+                # The producer's queue is full: its thread drains it as the broker answers.
+                self._backlog.appendleft((delivery, index, outputs))
+                self._queue_full()
+                return False
+            except (KafkaException, TypeError, ValueError) as exc:
+                error = exc.args[0] if exc.args else exc
+                reason = f"output {index} to {record.topic} rejected: {error}"
+                delivery.report(index, ProduceError(reason), None)
+                for rest in range(index + 1, len(outputs)):
+                    skipped = f"output {rest} not sent: output {index} of the call was rejected"
+                    delivery.report(rest, ProduceError(skipped), None)
+                return True
+        return True
+
+    def _queue_full(self) -> None:
+        now = time.monotonic()
+        if self._full_since is None:
+            self._full_since = now
+        elif now - self._full_since > QUEUE_FULL_WARNING:
+            log.warning(
+                "the producer's queue has been full for %.0fs (is the broker reachable?); "
+                "raise queue.buffering.max.messages if outputs are many",
+                now - self._full_since,
+            )
+            self._full_since = now
 
     # -- the poller thread (transactional mode) --------------------------------------------------
+
+    def abort(self, reason: str) -> tuple[TransactionOutcome, str]:
+        """Abort the open transaction and begin the next one."""
+        return self._abort_after(None, reason)
 
     def transact(self, offsets: list[Any], group_metadata: Any) -> tuple[TransactionOutcome, str]:
         """Add ``offsets`` to the open transaction, commit it, and begin the next one. On an
@@ -189,8 +228,10 @@ class Outputs:
                 return TransactionOutcome.COMMITTED, ""
         return self._abort_after(error)
 
-    def _abort_after(self, error: KafkaError | None) -> tuple[TransactionOutcome, str]:
-        reason = str(error)
+    def _abort_after(
+        self, error: KafkaError | None, reason: str | None = None
+    ) -> tuple[TransactionOutcome, str]:
+        reason = reason or str(error)
         if error is not None and error.fatal():
             return TransactionOutcome.FATAL, _fatal_reason(error)
         log.warning("aborting the transaction: %s", reason)
@@ -213,7 +254,17 @@ class Outputs:
         post = self._post
         stopping = self._stopping
         while not stopping.is_set():
-            poll(0.05)
+            try:
+                poll(0.05)
+            except Exception as exc:
+                # A fatal producer error (fenced by a newer instance, ...): stop the consumer.
+                error = _kafka_error(exc) if isinstance(exc, KafkaException) else None
+                reason = (
+                    _fatal_reason(error) if error is not None else f"the producer failed: {exc!r}"
+                )
+                log.error("%s", reason)
+                post(ProducerFailed(reason))
+                return
             if settled:
                 calls = []
                 while settled:
