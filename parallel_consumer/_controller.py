@@ -40,7 +40,6 @@ from parallel_consumer._events import (
     SetPaused,
     StopPoller,
     WorkDone,
-    WorkDoneMany,
 )
 from parallel_consumer._producer import Outputs
 from parallel_consumer.commit import Committer
@@ -70,11 +69,6 @@ log = logging.getLogger("parallel_consumer")
 
 #: A record's failed attempts are logged at INFO, and at WARNING from this attempt on.
 WARN_FROM_ATTEMPT = 3
-#: Roughly what handing one call to a worker thread and its result back costs (seconds). Calls
-#: much shorter than this go to workers in chunks (see _chunk_size).
-THREAD_HOP = 50e-6
-#: Most calls in one chunk.
-MAX_CHUNK = 32
 
 
 class PollerPort(Protocol):
@@ -132,10 +126,6 @@ class Controller:
             partition_order=options.ordering is ProcessingOrder.PARTITION,
         )
         self._stall = StallWatch()
-        #: Mean handler time per call (exponentially weighted), as the runner measured it.
-        self._service = 1.0
-        #: Calls per task handed to the runner: 1, or more for short calls (adaptive dispatch).
-        self.chunk_size = 1
         self._next_commit = 0.0
         self._close: Closing | None = None
         # -- poll_and_produce (None / unused for poll) --
@@ -300,10 +290,6 @@ class Controller:
         if isinstance(event, WorkDone):
             self._on_work_done(event)
             return
-        if isinstance(event, WorkDoneMany):
-            for call in event.calls:
-                self._on_work_done(call)
-            return
         if isinstance(event, OutputsDelivered):
             self._on_delivered(event)
             return
@@ -445,12 +431,10 @@ class Controller:
         take = self._shards.take
         blocked = self._commits.blocked
         in_flight = self._in_flight
-        chunk = self.chunk_size
-        capacity = (self._runner.capacity + self._runner.backlog) * chunk
+        capacity = self._runner.capacity + self._runner.backlog
         batch_size = self._options.batch_size
         submit = self._runner.submit
         on_dispatch = self._hooks.on_dispatch
-        calls: list[tuple[int, PollContext]] = []
         while len(in_flight) < capacity:
             items: list[WorkItem] = []
             while len(items) < batch_size:
@@ -459,7 +443,7 @@ class Controller:
                     break
                 items.append(item)
             if not items:
-                break
+                return
             batch = in_flight.add(items, now)
             context = PollContext(
                 [
@@ -468,38 +452,13 @@ class Controller:
                 ]
             )
             on_dispatch(batch.id, context)
-            if chunk == 1:
-                submit(batch.id, context)
-                continue
-            calls.append((batch.id, context))
-            if len(calls) == chunk:
-                self._submit_chunk(calls)
-                calls = []
-        if calls:
-            self._submit_chunk(calls)
-
-    def _submit_chunk(self, calls: list[tuple[int, PollContext]]) -> None:
-        if len(calls) == 1:
-            self._runner.submit(*calls[0])
-        else:
-            self._runner.submit_chunk(calls)  # type: ignore[attr-defined]
-
-    def _observe_service(self, took: float) -> None:
-        """Adaptive dispatch: follow the handler's time per call; calls much shorter than a
-        thread hop go to workers in chunks (one hop for many calls), longer ones one by one so
-        that no call waits behind another on a worker while others are idle."""
-        service = self._service = self._service * 0.9 + took * 0.1
-        if not hasattr(self._runner, "submit_chunk"):
-            return
-        self.chunk_size = max(1, min(MAX_CHUNK, int(THREAD_HOP / max(service, 1e-7))))
+            submit(batch.id, context)
 
     def _on_work_done(self, event: WorkDone) -> None:
         batch = self._in_flight.pop(event.batch)
         if batch is None:
             return  # taken back from the runner on close
         self._hooks.on_work_done(batch.id, event.errors, event.finished_at - batch.started_at)
-        if event.took:
-            self._observe_service(event.took)
         errors = event.errors
         if self._produces and not any(errors):
             try:
@@ -894,7 +853,6 @@ class Controller:
             shards=self._shards,
             in_flight=self._in_flight,
             delivering=self._pending.records,
-            chunk_size=self.chunk_size,
             retries=len(self._retries),
             pauses=self._pauses,
             commits=self._commits,

@@ -33,7 +33,6 @@ __all__ = [
     "StopPoller",
     "Transact",
     "WorkDone",
-    "WorkDoneMany",
 ]
 
 
@@ -130,15 +129,6 @@ class WorkDone:
     errors: Sequence[BaseException | None]
     value: object
     finished_at: float  # clock.monotonic() when the call ended
-    #: How long the handler ran, where the runner measures it (0.0 where it does not).
-    took: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class WorkDoneMany:
-    """Several handler calls ended: the calls of one chunk (``ThreadRunner.submit_chunk``)."""
-
-    calls: tuple[WorkDone, ...]
 
 
 # -- producer -> controller -------------------------------------------------------------------
@@ -184,7 +174,6 @@ ControllerEvent = (
     | RecordUnreadable
     | PollerFailed
     | WorkDone
-    | WorkDoneMany
     | OutputsDelivered
     | ProducerFailed
     | Control

@@ -68,11 +68,13 @@ class _Delivery:
 
     __slots__ = ("_lock", "_remaining", "_settled", "batch", "results")
 
-    def __init__(self, batch: int, count: int, settled: deque[Settled]) -> None:
+    def __init__(
+        self, batch: int, count: int, settled: deque[Settled], lock: threading.Lock
+    ) -> None:
         self.batch = batch
         self.results: list[tuple[int, int] | BaseException | None] = [None] * count
         self._remaining = count
-        self._lock = threading.Lock()
+        self._lock = lock  # shared by all calls: contention is rare, a lock per call is not
         self._settled = settled
 
     def report(self, index: int, error: Any, message: Any) -> None:
@@ -115,6 +117,7 @@ class Outputs:
         #: Controller thread: (call, first output not sent yet, outputs), in order.
         self._backlog: deque[tuple[_Delivery, int, Sequence[ProducerRecord]]] = deque()
         self._full_since: float | None = None
+        self._delivery_lock = threading.Lock()
         self._thread = threading.Thread(target=self._serve, name=f"{name}-producer", daemon=True)
         self._closed = False
 
@@ -135,7 +138,7 @@ class Outputs:
         Never blocks: outputs that find the producer's queue full wait in a backlog that
         :meth:`pump` sends on (the controller calls it every turn while :attr:`backlog` holds
         any)."""
-        delivery = _Delivery(batch, len(outputs), self._settled)
+        delivery = _Delivery(batch, len(outputs), self._settled, self._delivery_lock)
         backlog = self._backlog
         if backlog:
             backlog.append((delivery, 0, outputs))

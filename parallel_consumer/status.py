@@ -103,9 +103,6 @@ class Statistics:
     outputs_sent: int = 0
     outputs_acknowledged: int = 0
     outputs_failed: int = 0
-    #: Adaptive dispatch: handler calls handed to a worker at once (1 unless calls are much
-    #: shorter than a thread hop; see docs/performance.md).
-    chunk_size: int = 1
 
 
 def assemble_statistics(
@@ -116,7 +113,6 @@ def assemble_statistics(
     in_flight: InFlight,
     retries: int,
     delivering: int = 0,
-    chunk_size: int = 1,
     pauses: Pauses,
     commits: CommitTracker,
     partitions: Iterable[PartitionState],
@@ -153,7 +149,6 @@ def assemble_statistics(
         partitions=tuple(snapshots),
         poller=poller,
         delivering=delivering,
-        chunk_size=chunk_size,
         outputs_sent=counters.outputs_sent,
         outputs_acknowledged=counters.outputs_acknowledged,
         outputs_failed=counters.outputs_failed,

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from parallel_consumer._clock import Clock
-from parallel_consumer._events import WorkDone, WorkDoneMany
+from parallel_consumer._events import WorkDone
 from parallel_consumer.context import PollContext
 from parallel_consumer.hooks import Hooks, NoHooks
 from parallel_consumer.runners.base import Handler
@@ -18,9 +18,7 @@ __all__ = ["ThreadRunner"]
 
 log = logging.getLogger("parallel_consumer")
 
-Call = tuple[int, PollContext]
-#: One call, a chunk of calls run one after another on one worker, or None (stop).
-_Task = Call | list[Call] | None
+_Task = tuple[int, PollContext] | None
 
 
 class ThreadRunner:
@@ -58,11 +56,6 @@ class ThreadRunner:
     def submit(self, batch: int, context: PollContext) -> None:
         self._tasks.put((batch, context))
 
-    def submit_chunk(self, calls: list[Call]) -> None:
-        """Run ``calls`` one after another on one worker, reported together as one
-        :class:`WorkDoneMany`. For short calls: one thread hop for many calls."""
-        self._tasks.put(calls)
-
     def cancel_queued(self) -> list[int]:
         cancelled: list[int] = []
         while True:
@@ -70,9 +63,7 @@ class ThreadRunner:
                 task = self._tasks.get_nowait()
             except queue.Empty:
                 return cancelled
-            if isinstance(task, list):
-                cancelled.extend(batch for batch, _ in task)
-            elif task is not None:
+            if task is not None:
                 cancelled.append(task[0])
 
     def cancel(self, batch: int, error: BaseException | None = None) -> None:
@@ -94,62 +85,35 @@ class ThreadRunner:
 
     def _work(self, handler: Handler, done: Callable[[WorkDone], None]) -> None:
         tasks = self._tasks
+        gate = self._gate
         hooks = self._hooks
         monotonic = self._clock.monotonic
         while True:
             task = tasks.get()
             if task is None:
                 return
-            if isinstance(task, list):
-                results = []
-                for batch, context in task:
-                    result = self._call(handler, batch, context, hooks, monotonic)
-                    if result is None:
-                        break  # stopped: the calls not started are never reported
-                    results.append(result)
-                if results:
-                    done(WorkDoneMany(tuple(results)))  # type: ignore[arg-type]
-                if len(results) < len(task):
+            with gate:
+                if not self._open:
                     return
-                continue
-            result = self._call(handler, task[0], task[1], hooks, monotonic)
-            if result is None:
-                return
-            done(result)
-
-    def _call(
-        self,
-        handler: Handler,
-        batch: int,
-        context: PollContext,
-        hooks: Hooks,
-        monotonic: Callable[[], float],
-    ) -> WorkDone | None:
-        """One handler call; None if the runner was stopped before it could start."""
-        gate = self._gate
-        with gate:
-            if not self._open:
-                return None
-        hooks.on_call_start(batch, context)
-        # Again, right before the call: stop() may have come while the hook ran.
-        with gate:
-            if not self._open:
-                return None
-        error: BaseException | None = None
-        value: object = None
-        started = time.perf_counter()
-        try:
-            value = handler(context)
-        except Exception as exc:
-            error = exc
-        except BaseException as exc:
-            # SystemExit / KeyboardInterrupt raised by a handler would silently end this
-            # worker and strand its records in flight: count it as a failure instead.
-            log.error("handler raised %r; treating it as a failure of the call", exc)
-            error = exc
-        took = time.perf_counter() - started
-        hooks.on_call_end(batch, context, error)
-        return WorkDone(batch, (error,) * len(context), value, monotonic(), took)
+            batch, context = task
+            hooks.on_call_start(batch, context)
+            # Again, right before the call: stop() may have come while the hook ran.
+            with gate:
+                if not self._open:
+                    return
+            error: BaseException | None = None
+            value: object = None
+            try:
+                value = handler(context)
+            except Exception as exc:
+                error = exc
+            except BaseException as exc:
+                # SystemExit / KeyboardInterrupt raised by a handler would silently end this
+                # worker and strand its records in flight: count it as a failure instead.
+                log.error("handler raised %r; treating it as a failure of the call", exc)
+                error = exc
+            hooks.on_call_end(batch, context, error)
+            done(WorkDone(batch, (error,) * len(context), value, monotonic()))
 
     def __repr__(self) -> str:
         alive = sum(t.is_alive() for t in self._threads)
