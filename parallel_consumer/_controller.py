@@ -33,6 +33,7 @@ from parallel_consumer._events import (
     PollerCommand,
     PollerFailed,
     PositionsReached,
+    ProducerFailed,
     RecordsPolled,
     RecordUnreadable,
     Release,
@@ -134,8 +135,9 @@ class Controller:
         self._pending = PendingOutputs()
         #: The transactional mode's gate (None in the consumer commit modes).
         self._gate: TransactionGate | None = None
-        #: Revokes waiting for the transaction that commits their partitions (transactional).
-        self._revokes: list[PartitionsRevoked] = []
+        #: Revokes waiting for the transaction that commits their partitions (transactional),
+        #: with the epoch of each partition when the revoke came.
+        self._revokes: list[tuple[PartitionsRevoked, dict[TopicPartition, int]]] = []
         #: Transactional mode: the failures of records not yet finished, by (tp, offset). An
         #: aborted transaction rewinds their partitions; the records come again and keep
         #: their attempts (a failed output aborts the transaction it was sent in).
@@ -200,7 +202,7 @@ class Controller:
                 self._failure.__cause__ = exc
             self._emergency_stop()
         finally:
-            for revoke in self._revokes:
+            for revoke, _ in self._revokes:
                 revoke.reply.set_result(None)
             if self._outputs is not None:
                 self._outputs.close(abort=self._failure is not None)
@@ -246,6 +248,9 @@ class Controller:
             elif self._gate.outputs or any(s.dirty for s in self._partitions.values()):
                 self._gate.wanted = True
             self._next_commit = now + self._options.commit_every
+        outputs = self._outputs
+        if outputs is not None and outputs.backlog:
+            outputs.pump()
         if self._gate is not None:
             self._advance_transaction(now)
         if self._pauses.due(now, self._starving):
@@ -277,6 +282,8 @@ class Controller:
                 deadline = wake
         if self._close is not None:
             deadline = min(deadline, now + 0.05)
+        if self._outputs is not None and self._outputs.backlog:
+            deadline = min(deadline, now + 0.005)  # outputs wait for room in the producer
         return deadline
 
     def _handle(self, event: ControllerEvent) -> None:
@@ -300,6 +307,11 @@ class Controller:
             for tp in event.tps:
                 self._forget(tp)
             self._forget_history(event.tps)
+            if self._gate is not None and (self._gate.outputs or self._pending):
+                # Their outputs may be in the open transaction; their offsets can no longer
+                # commit with them. Abort it: the partitions kept start again from their
+                # committed offsets.
+                self._gate.abort_soon()
             self._hooks.on_rebalance("lost", event.tps)
         elif isinstance(event, PositionsReached):
             for tp, epoch, offset in event.positions:
@@ -316,6 +328,8 @@ class Controller:
             )
         elif isinstance(event, PollerFailed):
             raise InternalError(f"the Kafka poller failed: {event.error}") from event.error
+        elif isinstance(event, ProducerFailed):
+            raise InternalError(event.reason)
 
     # -- records in, partitions in and out ------------------------------------------------------
 
@@ -369,7 +383,9 @@ class Controller:
         that holds their outputs, so the revoke waits for that transaction's commit (sent once
         every output sent so far was acknowledged, see _advance_transaction)."""
         if self._gate is not None:
-            self._revokes.append(event)
+            partitions = self._partitions
+            epochs = {tp: partitions[tp].epoch for tp in event.tps if tp in partitions}
+            self._revokes.append((event, epochs))
             self._gate.wanted = True
             return
         now = self._clock.monotonic()
@@ -507,23 +523,34 @@ class Controller:
         self._outputs.send(pending.batch.id, pending.outputs)
 
     def _on_delivered(self, event: OutputsDelivered) -> None:
-        pending = self._pending.delivered(event.batch)
+        now = self._clock.monotonic()
+        for batch_id, results in event.calls:
+            self._delivered(batch_id, results, now)
+
+    def _delivered(
+        self,
+        batch_id: int,
+        results: tuple[tuple[int, int] | BaseException | None, ...],
+        now: float,
+    ) -> None:
+        pending = self._pending.delivered(batch_id)
         if pending is None:  # pragma: no cover - every call is reported once
             return
         batch = pending.batch
-        now = self._clock.monotonic()
-        failures = [r for r in event.results if isinstance(r, BaseException)]
+        failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
             failure = failures[0]
             self._counters.outputs_failed += len(failures)
+            self._counters.outputs_acknowledged += len(results) - len(failures)
             if self._gate is not None:
-                # The transaction holds a failed send: it cannot commit. Abort it (at once).
-                self._gate.wanted = True
+                # The transaction may hold the call's other outputs, and its input is retried:
+                # it must not commit. Abort it (once the outputs sent so far are settled).
+                self._gate.abort_soon()
             self._settle(batch, (failure,) * len(batch.items), now)
             return
         self._counters.outputs_acknowledged += len(pending.outputs)
         if self._on_produced is not None:
-            self._report_produced(pending, event.results)
+            self._report_produced(pending, results)
         self._settle(batch, (None,) * len(batch.items), now)
 
     def _report_produced(
@@ -550,17 +577,27 @@ class Controller:
         assert gate is not None
         if gate.ready(bool(self._pending.delivering)):
             revokes, self._revokes = self._revokes, []
-            commits = self._commits.due(self._partitions.values(), now, final=bool(revokes))
-            if commits or gate.outputs:
+            if gate.must_abort:
+                # Abort instead of committing; the poller rewinds the partitions it keeps.
                 gate.sent()
-                self._send_commits(commits, final=bool(revokes))
+                self._counters.commits_sent += 1
+                answer = self._committer.commit((), abort=True)
+                answer.add_done_callback(self._post_answer)
             else:
-                gate.skipped()
-            for event in revokes:
+                commits = self._commits.due(self._partitions.values(), now, final=bool(revokes))
+                if commits or gate.outputs:
+                    gate.sent()
+                    self._send_commits(commits, final=bool(revokes))
+                else:
+                    gate.skipped()
+            for event, epochs in revokes:
                 # The commit of their partitions was sent before this answer: the poller runs
-                # it inside its revoke callback, while they are still ours.
+                # it inside its revoke callback, while they are still ours. (A partition
+                # assigned again since, after the poller gave up waiting, is not forgotten.)
                 for tp in event.tps:
-                    self._forget(tp)
+                    state = self._partitions.get(tp)
+                    if state is not None and state.epoch == epochs.get(tp):
+                        self._forget(tp)
                 self._forget_history(event.tps)
                 event.reply.set_result(None)
                 self._hooks.on_rebalance("revoked", event.tps)

@@ -25,6 +25,7 @@ __all__ = [
     "PollerCommand",
     "PollerFailed",
     "PositionsReached",
+    "ProducerFailed",
     "RecordUnreadable",
     "RecordsPolled",
     "Release",
@@ -135,12 +136,18 @@ class WorkDone:
 
 @dataclass(frozen=True, slots=True)
 class OutputsDelivered:
-    """Every output of one handler call (batch id) is settled: per output, in the order the
-    handler returned them, ``(partition, offset)`` where the broker acknowledged it, or the
-    exception that says why it was not delivered."""
+    """Handler calls whose outputs are all settled: ``(batch id, results)`` per call, with per
+    output, in the order the handler returned them, ``(partition, offset)`` where the broker
+    acknowledged it, or the exception that says why it was not delivered."""
 
-    batch: int
-    results: tuple[tuple[int, int] | BaseException | None, ...]
+    calls: tuple[tuple[int, tuple[tuple[int, int] | BaseException | None, ...]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerFailed:
+    """The library's producer cannot go on (a fatal error, e.g. fenced): stop."""
+
+    reason: str
 
 
 # -- user thread -> controller ----------------------------------------------------------------
@@ -168,6 +175,7 @@ ControllerEvent = (
     | PollerFailed
     | WorkDone
     | OutputsDelivered
+    | ProducerFailed
     | Control
 )
 
@@ -195,6 +203,9 @@ class Transact:
 
     offsets: tuple[OffsetCommit, ...]
     reply: Future[tuple[CommitAnswer, ...]] = field(compare=False)
+    #: Abort instead of committing (an output of the transaction was rejected before it
+    #: reached the producer, or partitions with outputs in it were lost).
+    abort: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -303,13 +303,18 @@ class Poller:
 
     def _hand_over(self, messages: Sequence[Any]) -> None:
         epochs = self._epochs
+        first_seen = self._first_seen
         good = []
         for message in messages:
             error = message.error()
             if error is not None:
                 self._client_error(error, message)
-            elif (message.topic(), message.partition()) in epochs:
+            elif (tp := (message.topic(), message.partition())) in epochs:
                 good.append(message)
+                if tp not in first_seen:
+                    # (also for records held back in the overflow: a rewind must go back to
+                    # them when nothing was committed yet)
+                    first_seen[tp] = message.offset()
             # else: a straggler of a partition revoked during this consume()
         if self._overflow or len(good) > self._credit.available:
             # More than the credit allows: possible only from a partition assigned inside this
@@ -335,11 +340,8 @@ class Poller:
             if batch is None:
                 batch = batches[tp] = (epochs[tp], [])
             batch[1].append(message)
-        first_seen = self._first_seen
         for tp, (_, batch_messages) in batches.items():
             self._delivered_to[tp] = batch_messages[-1].offset() + 1
-            if tp not in first_seen:
-                first_seen[tp] = batch_messages[0].offset()
         self._credit.take(len(messages))
         self._post(RecordsPolled(batches))
 
@@ -451,9 +453,15 @@ class Poller:
                 live.append(commit)
             else:
                 dropped.append(CommitAnswer(commit, "the partition is no longer assigned"))
-        request = [_request(c) for c in live]
-        metadata = self._consumer.consumer_group_metadata() if request else None
-        outcome, reason = outputs.transact(request, metadata)
+        if command.abort:
+            outcome, reason = outputs.abort(
+                "an output of the transaction was not sent, or partitions with outputs in it "
+                "were lost"
+            )
+        else:
+            request = [_request(c) for c in live]
+            metadata = self._consumer.consumer_group_metadata() if request else None
+            outcome, reason = outputs.transact(request, metadata)
         if outcome is TransactionOutcome.COMMITTED:
             command.reply.set_result((*dropped, *(CommitAnswer(c) for c in live)))
             return
@@ -473,8 +481,15 @@ class Poller:
             raise InternalError(reason)
 
     def _rewind(self) -> None:
-        """Seek every partition kept (not being revoked) back to its committed offset and post
-        it as assigned again, under a new epoch."""
+        """After an abort: seek every partition kept (not being revoked) back to its committed
+        offset and post it as assigned again, under a new epoch. Partitions being revoked get a
+        new epoch too, without an assignment: offsets the controller planned for them before it
+        learnt of the abort (their records' outputs are gone) are then dropped, never
+        committed."""
+        self._next_epoch += 1
+        for tp in self._revoking:
+            if tp in self._epochs:
+                self._epochs[tp] = self._next_epoch
         tps = [tp for tp in self._epochs if tp not in self._revoking]
         if not tps:
             return
@@ -486,7 +501,6 @@ class Poller:
             for r in answer
             if r.error is None and r.offset >= 0
         }
-        self._next_epoch += 1
         epoch = self._next_epoch
         gone = set(tps)
         if self._overflow:
@@ -634,6 +648,13 @@ class Poller:
                     _names(partitions),
                     REVOKE_TIMEOUT,
                 )
+                if self._outputs is not None:
+                    # Their outputs may be in the open transaction, which must then not
+                    # commit without their offsets: abort it, and start the others again.
+                    outcome, reason = self._outputs.abort("a revoke timed out")
+                    if outcome is TransactionOutcome.FATAL:
+                        raise InternalError(reason)
+                    self._rewind()
         self._revoking = frozenset()
         self._forget(partitions)
         self._call_user(self._user_on_revoke, consumer, partitions)

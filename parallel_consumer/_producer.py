@@ -1,10 +1,10 @@
 """The library's producer for ``poll_and_produce`` (thread ``<name>-producer``).
 
 The controller hands it the outputs of one handler call (:meth:`Outputs.send`); the broker's
-delivery reports are gathered per call and posted back as one
-:class:`~parallel_consumer._events.OutputsDelivered` event when the last one arrived. A thread of
-its own serves the delivery reports (``producer.poll``), so they arrive whatever the controller
-and the poller are doing, a revoke included.
+delivery reports are gathered per call, and the calls settled during one round of the producer
+thread (``producer.poll``) go back as one
+:class:`~parallel_consumer._events.OutputsDelivered` event. The thread serves the delivery
+reports whatever the controller and the poller are doing, a revoke included.
 
 In the transactional commit mode the poller drives the transaction (it holds the consumer's
 group metadata, which fences zombies, KIP-447): :meth:`Outputs.transact` sends the offsets into
@@ -18,13 +18,14 @@ import enum
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from parallel_consumer._events import ControllerEvent, OutputsDelivered
+from parallel_consumer._events import ControllerEvent, OutputsDelivered, ProducerFailed
 from parallel_consumer.produce import ProduceError, ProducerRecord
 
 __all__ = ["Outputs", "TransactionOutcome"]
@@ -59,17 +60,22 @@ class TransactionOutcome(enum.Enum):
     FATAL = "fatal"
 
 
+Settled = tuple[int, tuple[tuple[int, int] | BaseException | None, ...]]
+
+
 class _Delivery:
-    """The delivery reports of one call's outputs; posts them once all arrived."""
+    """The delivery reports of one call's outputs; once all arrived, the call is settled."""
 
-    __slots__ = ("_lock", "_post", "_remaining", "batch", "results")
+    __slots__ = ("_lock", "_remaining", "_settled", "batch", "results")
 
-    def __init__(self, batch: int, count: int, post: Callable[[ControllerEvent], None]) -> None:
+    def __init__(
+        self, batch: int, count: int, settled: deque[Settled], lock: threading.Lock
+    ) -> None:
         self.batch = batch
         self.results: list[tuple[int, int] | BaseException | None] = [None] * count
         self._remaining = count
-        self._lock = threading.Lock()
-        self._post = post
+        self._lock = lock  # shared by all calls: contention is rare, a lock per call is not
+        self._settled = settled
 
     def report(self, index: int, error: Any, message: Any) -> None:
         # Runs on the producer thread (delivery reports) or the controller (a produce() that
@@ -87,7 +93,8 @@ class _Delivery:
             self._remaining -= 1
             last = self._remaining == 0
         if last:
-            self._post(OutputsDelivered(self.batch, tuple(self.results)))
+            # Posted by the producer thread, with every other call settled meanwhile.
+            self._settled.append((self.batch, tuple(self.results)))
 
 
 class Outputs:
@@ -105,6 +112,12 @@ class Outputs:
         self._post = post
         self.transactional = transactional
         self._stopping = threading.Event()
+        #: Calls whose outputs are all settled, not yet posted (appended by any thread).
+        self._settled: deque[Settled] = deque()
+        #: Controller thread: (call, first output not sent yet, outputs), in order.
+        self._backlog: deque[tuple[_Delivery, int, Sequence[ProducerRecord]]] = deque()
+        self._full_since: float | None = None
+        self._delivery_lock = threading.Lock()
         self._thread = threading.Thread(target=self._serve, name=f"{name}-producer", daemon=True)
         self._closed = False
 
@@ -121,43 +134,79 @@ class Outputs:
     # -- the controller thread ------------------------------------------------------------------
 
     def send(self, batch: int, outputs: Sequence[ProducerRecord]) -> None:
-        """Produce one call's outputs; one OutputsDelivered event follows once all are settled."""
-        delivery = _Delivery(batch, len(outputs), self._post)
+        """Produce one call's outputs; an OutputsDelivered event follows once all are settled.
+        Never blocks: outputs that find the producer's queue full wait in a backlog that
+        :meth:`pump` sends on (the controller calls it every turn while :attr:`backlog` holds
+        any)."""
+        delivery = _Delivery(batch, len(outputs), self._settled, self._delivery_lock)
+        backlog = self._backlog
+        if backlog:
+            backlog.append((delivery, 0, outputs))
+            self.pump()
+        else:
+            self._produce(delivery, 0, outputs)
+
+    @property
+    def backlog(self) -> bool:
+        """Outputs wait for room in the producer's queue."""
+        return bool(self._backlog)
+
+    def pump(self) -> None:
+        """Send outputs of the backlog until the producer's queue is full again."""
+        backlog = self._backlog
+        while backlog:
+            delivery, start, outputs = backlog.popleft()
+            if not self._produce(delivery, start, outputs):
+                return
+        self._full_since = None
+
+    def _produce(self, delivery: _Delivery, start: int, outputs: Sequence[ProducerRecord]) -> bool:
+        """Produce ``outputs[start:]``; False if the queue filled up (the rest went to the
+        front of the backlog). A rejected output fails the rest of the call unsent."""
         produce = self._producer.produce
-        for index, record in enumerate(outputs):
-            report = partial(delivery.report, index)
-            waited_since: float | None = None
-            while True:
-                try:
-                    produce(
-                        record.topic,
-                        record.value,
-                        record.key,
-                        partition=-1 if record.partition is None else record.partition,
-                        headers=record.headers or None,
-                        on_delivery=report,
-                    )
-                    break
-                except BufferError:
-                    # The producer's queue is full: its thread drains it as the broker answers.
-                    now = time.monotonic()
-                    if waited_since is None:
-                        waited_since = now
-                    elif now - waited_since > QUEUE_FULL_WARNING:
-                        log.warning(
-                            "the producer's queue has been full for %.0fs (is the broker "
-                            "reachable?); raise queue.buffering.max.messages if outputs are many",
-                            now - waited_since,
-                        )
-                        waited_since = now
-                    time.sleep(0.002)
-                except (KafkaException, TypeError, ValueError) as exc:
-                    error = exc.args[0] if exc.args else exc
-                    reason = f"output {index} to {record.topic} rejected: {error}"
-                    report(ProduceError(reason), None)
-                    break
+        for index in range(start, len(outputs)):
+            record = outputs[index]
+            try:
+                produce(
+                    record.topic,
+                    record.value,
+                    record.key,
+                    partition=-1 if record.partition is None else record.partition,
+                    headers=record.headers or None,
+                    on_delivery=partial(delivery.report, index),
+                )
+            except BufferError:
+                # The producer's queue is full: its thread drains it as the broker answers.
+                self._backlog.appendleft((delivery, index, outputs))
+                self._queue_full()
+                return False
+            except (KafkaException, TypeError, ValueError) as exc:
+                error = exc.args[0] if exc.args else exc
+                reason = f"output {index} to {record.topic} rejected: {error}"
+                delivery.report(index, ProduceError(reason), None)
+                for rest in range(index + 1, len(outputs)):
+                    skipped = f"output {rest} not sent: output {index} of the call was rejected"
+                    delivery.report(rest, ProduceError(skipped), None)
+                return True
+        return True
+
+    def _queue_full(self) -> None:
+        now = time.monotonic()
+        if self._full_since is None:
+            self._full_since = now
+        elif now - self._full_since > QUEUE_FULL_WARNING:
+            log.warning(
+                "the producer's queue has been full for %.0fs (is the broker reachable?); "
+                "raise queue.buffering.max.messages if outputs are many",
+                now - self._full_since,
+            )
+            self._full_since = now
 
     # -- the poller thread (transactional mode) --------------------------------------------------
+
+    def abort(self, reason: str) -> tuple[TransactionOutcome, str]:
+        """Abort the open transaction and begin the next one."""
+        return self._abort_after(None, reason)
 
     def transact(self, offsets: list[Any], group_metadata: Any) -> tuple[TransactionOutcome, str]:
         """Add ``offsets`` to the open transaction, commit it, and begin the next one. On an
@@ -182,8 +231,10 @@ class Outputs:
                 return TransactionOutcome.COMMITTED, ""
         return self._abort_after(error)
 
-    def _abort_after(self, error: KafkaError | None) -> tuple[TransactionOutcome, str]:
-        reason = str(error)
+    def _abort_after(
+        self, error: KafkaError | None, reason: str | None = None
+    ) -> tuple[TransactionOutcome, str]:
+        reason = reason or str(error)
         if error is not None and error.fatal():
             return TransactionOutcome.FATAL, _fatal_reason(error)
         log.warning("aborting the transaction: %s", reason)
@@ -200,9 +251,28 @@ class Outputs:
     # -- delivery reports and close -------------------------------------------------------------
 
     def _serve(self) -> None:
+        """Serve delivery reports; post the calls they settled, as one event per round."""
         poll = self._producer.poll
-        while not self._stopping.is_set():
-            poll(0.05)
+        settled = self._settled
+        post = self._post
+        stopping = self._stopping
+        while not stopping.is_set():
+            try:
+                poll(0.05)
+            except Exception as exc:
+                # A fatal producer error (fenced by a newer instance, ...): stop the consumer.
+                error = _kafka_error(exc) if isinstance(exc, KafkaException) else None
+                reason = (
+                    _fatal_reason(error) if error is not None else f"the producer failed: {exc!r}"
+                )
+                log.error("%s", reason)
+                post(ProducerFailed(reason))
+                return
+            if settled:
+                calls = []
+                while settled:
+                    calls.append(settled.popleft())
+                post(OutputsDelivered(tuple(calls)))
 
     def close(self, *, abort: bool) -> None:
         """Stop serving; wait for outputs still on their way (non-transactional), or abort the

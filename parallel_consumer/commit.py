@@ -27,10 +27,11 @@ class _CommandSink(Protocol):
 
 class Committer(Protocol):
     def commit(
-        self, offsets: Sequence[OffsetCommit], *, final: bool = False
+        self, offsets: Sequence[OffsetCommit], *, final: bool = False, abort: bool = False
     ) -> Future[tuple[CommitAnswer, ...]]:
         """Send ``offsets``; the future resolves with one answer per offset. ``final`` commits
-        (close, revoke) must be acknowledged before the partition is let go."""
+        (close, revoke) must be acknowledged before the partition is let go. ``abort``
+        (transactional mode only) aborts the open transaction instead: every offset fails."""
         ...
 
 
@@ -47,8 +48,9 @@ class ConsumerCommitter:
         self._sync = mode is CommitMode.PERIODIC_CONSUMER_SYNC
 
     def commit(
-        self, offsets: Sequence[OffsetCommit], *, final: bool = False
+        self, offsets: Sequence[OffsetCommit], *, final: bool = False, abort: bool = False
     ) -> Future[tuple[CommitAnswer, ...]]:
+        assert not abort, "only a transaction can abort"
         reply: Future[tuple[CommitAnswer, ...]] = Future()
         self._poller.send(Commit(tuple(offsets), sync=self._sync or final, reply=reply))
         return reply
@@ -72,10 +74,10 @@ class TransactionalCommitter:
         self._poller = poller
 
     def commit(
-        self, offsets: Sequence[OffsetCommit], *, final: bool = False
+        self, offsets: Sequence[OffsetCommit], *, final: bool = False, abort: bool = False
     ) -> Future[tuple[CommitAnswer, ...]]:
         reply: Future[tuple[CommitAnswer, ...]] = Future()
-        self._poller.send(Transact(tuple(offsets), reply=reply))
+        self._poller.send(Transact(tuple(offsets), reply=reply, abort=abort))
         return reply
 
     def __repr__(self) -> str:

@@ -135,6 +135,7 @@ class FakeConsumer:
         self._lose_answers = 0
         self._first_assignment_done = False
         self._closed = False
+        self._to_lose: list[list[TP]] = []
         #: Every commit request received: (tp, offset, metadata). For assertions.
         self.commit_log: list[tuple[TP, int, str | None]] = []
 
@@ -144,6 +145,12 @@ class FakeConsumer:
         """Revoke and/or assign partitions during the next ``consume()``."""
         with self._cond:
             self._pending_rebalances.append((list(revoke), list(assign)))
+            self._cond.notify_all()
+
+    def lose(self, tps: Iterable[TP]) -> None:
+        """Lose partitions (``on_lost``, no revoke) during the next ``consume()``."""
+        with self._cond:
+            self._to_lose.append(list(tps))
             self._cond.notify_all()
 
     def lose_next_commit_answers(self, count: int) -> None:
@@ -181,7 +188,8 @@ class FakeConsumer:
         with self._cond:
             while True:
                 out = self._fetch(num_messages)
-                if out or self._pending_rebalances or self._pending_commit_callbacks:
+                waiting = self._pending_rebalances or self._pending_commit_callbacks
+                if out or waiting or self._to_lose:
                     return out
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -284,12 +292,19 @@ class FakeConsumer:
         with self._cond:
             commits, self._pending_commit_callbacks = self._pending_commit_callbacks, []
             rebalances, self._pending_rebalances = self._pending_rebalances, []
+            losses, self._to_lose = self._to_lose, []
             if not self._first_assignment_done and self._subscription:
                 self._first_assignment_done = True
                 rebalances.insert(0, ([], self._subscribed_partitions()))
         for error, partitions in commits:
             if self._on_commit is not None:
                 self._on_commit(error, partitions)
+        for lost in losses:
+            self._call("lost", lost)
+            with self._cond:
+                for tp in lost:
+                    self._assigned.pop(tp, None)
+                    self._paused.discard(tp)
         for revoke, assign in rebalances:
             if revoke:
                 self._call("revoke", revoke)
@@ -360,11 +375,31 @@ class FakeProducer:
         self._transactional = "transactional.id" in config
         self._in_transaction = False
         self._offsets: list[tuple[str, list[TopicPartition]]] = []
+        self._fail_commits: list[KafkaError] = []
+        self._fatal: KafkaError | None = None
+        self._max_bytes = int(config.get("message.max.bytes", 1_000_000))
+        #: Set: delivery reports wait (a slow broker); clear it to let them through.
+        self.hold = threading.Event()
+        #: Values produced in the open transaction.
+        self.open_outputs: list[bytes | None] = []
+        #: Per committed transaction: its values, and its offsets ((topic, partition), offset).
+        self.committed_transactions: list[tuple[list[bytes | None], list[tuple[TP, int]]]] = []
+        #: Per aborted transaction: its values.
+        self.aborted_transactions: list[list[bytes | None]] = []
         #: Every record produced: (topic, partition, offset, key, value).
         self.produced: list[tuple[str, int, int, bytes | None, bytes | None]] = []
         #: Transactions committed / aborted so far.
         self.commits = 0
         self.aborts = 0
+
+    def fail_next_commit(self, error: KafkaError | None = None) -> None:
+        """The next ``commit_transaction`` fails (by default with an abortable error)."""
+        self._fail_commits.append(
+            error or KafkaError(KafkaError._STATE, "injected", txn_requires_abort=True)
+        )
+
+    def committed_outputs(self) -> list[bytes | None]:
+        return [v for values, _ in self.committed_transactions for v in values]
 
     def fail_next_deliveries(self, count: int) -> None:
         """The next ``count`` produced records get a failed delivery report (nothing written)."""
@@ -383,6 +418,8 @@ class FakeProducer:
     ) -> None:
         if self._transactional and not self._in_transaction:
             raise KafkaException(KafkaError(KafkaError._STATE, "no transaction in progress"))
+        if value is not None and len(value) > self._max_bytes:
+            raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large"))
         with self._lock:
             if self._fail_deliveries:
                 self._fail_deliveries -= 1
@@ -404,10 +441,21 @@ class FakeProducer:
         )
         with self._lock:
             self.produced.append((topic, where, offset, key, value))
+            self.open_outputs.append(value)
             message = Message(topic=topic, partition=where, offset=offset, key=key, value=value)
             self._reports.append((on_delivery, None, message))
 
+    def fail_fatally(self, error: KafkaError) -> None:
+        """From now on ``poll`` raises ``error`` (as the client does after a fatal error, such
+        as being fenced by a newer producer with the same ``transactional.id``)."""
+        self._fatal = error
+
     def poll(self, timeout: float = -1) -> int:
+        if self._fatal is not None:
+            raise KafkaException(self._fatal)
+        if self.hold.is_set():
+            time.sleep(min(max(timeout, 0.0), 0.05))
+            return 0
         with self._lock:
             reports, self._reports = self._reports, []
         for callback, error, message in reports:
@@ -433,7 +481,13 @@ class FakeProducer:
         self._offsets.append((str(group_metadata), list(positions)))
 
     def commit_transaction(self, timeout: float = -1) -> None:
+        if self._fail_commits:
+            raise KafkaException(self._fail_commits.pop(0))
         self.flush()
+        offsets = [((tp.topic, tp.partition), tp.offset) for _, ps in self._offsets for tp in ps]
+        with self._lock:
+            self.committed_transactions.append((self.open_outputs, offsets))
+            self.open_outputs = []
         with self._cluster._cond:
             for group, positions in self._offsets:
                 for tp in positions:
@@ -446,6 +500,9 @@ class FakeProducer:
         self.commits += 1
 
     def abort_transaction(self, timeout: float = -1) -> None:
+        with self._lock:
+            self.aborted_transactions.append(self.open_outputs)
+            self.open_outputs = []
         self._offsets.clear()
         self._in_transaction = False
         self.aborts += 1

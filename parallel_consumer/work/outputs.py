@@ -75,11 +75,14 @@ class TransactionGate:
     when the poller committed (or aborted) the transaction and began the next: the gate opens.
     """
 
-    __slots__ = ("committing", "outputs", "wanted")
+    __slots__ = ("committing", "must_abort", "outputs", "wanted")
 
     def __init__(self) -> None:
         self.wanted = False
         self.committing = False
+        #: The open transaction must not commit: an output was not delivered (or not even
+        #: sent), or partitions with outputs in it were lost. The next "commit" aborts it.
+        self.must_abort = False
         #: Outputs sent in the open transaction.
         self.outputs = 0
 
@@ -91,8 +94,13 @@ class TransactionGate:
         """A wanted commit may be sent now."""
         return self.wanted and not self.committing and not delivering
 
+    def abort_soon(self) -> None:
+        self.must_abort = True
+        self.wanted = True
+
     def sent(self) -> None:
         self.wanted = False
+        self.must_abort = False
         self.committing = True
 
     def skipped(self) -> None:
