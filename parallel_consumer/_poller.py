@@ -407,14 +407,22 @@ class Poller:
 
     # -- commits ------------------------------------------------------------------------------
 
-    def _commit(self, command: Commit) -> None:
+    def _live(
+        self, offsets: Sequence[OffsetCommit]
+    ) -> tuple[list[OffsetCommit], list[CommitAnswer]]:
+        """The offsets of partitions held in the epoch they were planned in, and answers for
+        the others (never sent: a commit of an earlier epoch must not reach the client)."""
         live: list[OffsetCommit] = []
         dropped: list[CommitAnswer] = []
-        for commit in command.offsets:
+        for commit in offsets:
             if self._epochs.get(commit.tp) == commit.epoch:
                 live.append(commit)
             else:
                 dropped.append(CommitAnswer(commit, "the partition is no longer assigned"))
+        return live, dropped
+
+    def _commit(self, command: Commit) -> None:
+        live, dropped = self._live(command.offsets)
         if not live:
             command.reply.set_result(tuple(dropped))
             return
@@ -446,13 +454,7 @@ class Poller:
         """Commit the open transaction with these offsets (see :class:`Transact`)."""
         outputs = self._outputs
         assert outputs is not None, "Transact needs run_transactions()"
-        live: list[OffsetCommit] = []
-        dropped: list[CommitAnswer] = []
-        for commit in command.offsets:
-            if self._epochs.get(commit.tp) == commit.epoch:
-                live.append(commit)
-            else:
-                dropped.append(CommitAnswer(commit, "the partition is no longer assigned"))
+        live, dropped = self._live(command.offsets)
         if command.abort:
             outcome, reason = outputs.abort(
                 "an output of the transaction was not sent, or partitions with outputs in it "

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, TopicPartition
+from engine_support import committed_in_engine, end_offsets, wait_until
 
-from parallel_consumer import PollContext, ProducerRecord
+from parallel_consumer import ParallelConsumer, PollContext, ProducerRecord, Statistics
 
 
 def output_of(ctx: PollContext, out_topic: str) -> ProducerRecord:
@@ -96,3 +97,34 @@ def read_outputs(
     finally:
         consumer.close()
     return log
+
+
+def finish_and_read(
+    bootstrap_servers: str,
+    pc: ParallelConsumer,
+    source: str,
+    sink: str,
+    partitions: Sequence[int],
+    *,
+    in_order: bool = True,
+    timeout: float = 90,
+) -> tuple[OutputLog, Statistics]:
+    """Wait until ``pc`` committed every input of ``source``, close it, and check what a
+    ``read_committed`` reader finds in ``sink``: each input's output exactly once (and, with
+    ``in_order``, a key's outputs in the order of its inputs). Returns the outputs and the
+    statistics taken before closing."""
+    ends = end_offsets(bootstrap_servers, source, partitions)
+    wait_until(
+        lambda: committed_in_engine(pc.statistics(), ends),
+        timeout=timeout,
+        what="every input committed",
+        show=pc.statistics,
+    )
+    stats = pc.statistics()
+    pc.close()
+    outputs = read_outputs(bootstrap_servers, sink, partitions)
+    assert set(outputs.inputs) == {(p, o) for p in partitions for o in range(ends[p])}
+    assert outputs.duplicates == 0
+    if in_order:
+        assert outputs.order_violations() == []
+    return outputs, stats

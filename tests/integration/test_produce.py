@@ -5,6 +5,7 @@ Exactly-once under SIGKILL is in test_exactly_once.py.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 from engine_support import Engines, committed_in_engine, end_offsets, wait_until
-from produce_support import output_of, read_outputs
+from produce_support import finish_and_read, output_of, read_outputs
 
 from parallel_consumer import (
     CommitMode,
@@ -94,29 +95,20 @@ def test_every_input_has_its_output_in_key_order(
     options = Options(ordering=ordering, max_concurrency=16, commit_mode=commit_mode)
     pc = start(engines, consumer_config, options, source, handle, on_produced=delivered.append)
 
-    # Then the inputs are committed to the end
-    ends = end_offsets(kafka.bootstrap_servers, source, PARTITIONS)
-    wait_until(
-        lambda: committed_in_engine(pc.statistics(), ends),
-        timeout=90,
-        what="every input committed",
-        show=pc.statistics,
+    # Then the inputs are committed to the end, and a read_committed reader sees every input's
+    # output exactly once (where order is kept, a key's outputs in its inputs' order)
+    outputs, stats = finish_and_read(
+        kafka.bootstrap_servers,
+        pc,
+        source,
+        sink,
+        PARTITIONS,
+        in_order=ordering is not ProcessingOrder.UNORDERED,
     )
-    stats = pc.statistics()
-    pc.close()
     assert pc.lifecycle is Lifecycle.CLOSED
-    # and a read_committed reader sees every input's output exactly once
-    outputs = read_outputs(kafka.bootstrap_servers, sink, PARTITIONS)
-    inputs = outputs.inputs
-    expected = {(p, o) for p in PARTITIONS for o in range(ends[p])}
-    assert set(inputs) == expected
-    assert outputs.duplicates == 0
     assert stats.outputs_acknowledged == RECORDS
     assert len(delivered) == RECORDS
-    assert {(r.context.partition, r.context.offset) for r in delivered} == expected
-    # and, where order is kept, a key's outputs follow its inputs' order
-    if ordering is not ProcessingOrder.UNORDERED:
-        assert outputs.order_violations() == []
+    assert {(r.context.partition, r.context.offset) for r in delivered} == set(outputs.inputs)
 
 
 @pytest.mark.kafka_requires("transactions", "accurate_high_watermark")
@@ -145,19 +137,14 @@ def test_batches_commit_their_outputs_in_transactions(
     pc = start(engines, consumer_config, options, source, handle)
 
     # Then every input is committed and has exactly one output, in key order
-    ends = end_offsets(kafka.bootstrap_servers, source, PARTITIONS)
-    wait_until(
-        lambda: committed_in_engine(pc.statistics(), ends),
-        timeout=90,
-        what="every input committed",
-        show=pc.statistics,
+    finish_and_read(
+        kafka.bootstrap_servers,
+        pc,
+        source,
+        sink,
+        PARTITIONS,
+        in_order=ordering is ProcessingOrder.KEY,
     )
-    pc.close()
-    outputs = read_outputs(kafka.bootstrap_servers, sink, PARTITIONS)
-    assert set(outputs.inputs) == {(p, o) for p in PARTITIONS for o in range(ends[p])}
-    assert outputs.duplicates == 0
-    if ordering is ProcessingOrder.KEY:
-        assert outputs.order_violations() == []
 
 
 @pytest.mark.kafka_requires("transactions", "accurate_high_watermark")
@@ -343,16 +330,98 @@ def test_rebalances_during_transactions_neither_deadlock_nor_duplicate(
     assert first.failure is None
 
     # Then the second commits every input to the end
-    ends = end_offsets(kafka.bootstrap_servers, source, partitions)
-    wait_until(
-        lambda: committed_in_engine(second.statistics(), ends),
-        timeout=90,
-        what="every input committed",
-        show=second.statistics,
-    )
-    second.close()
     # and a read_committed reader sees each input's output exactly once, in key order
-    outputs = read_outputs(kafka.bootstrap_servers, sink, partitions)
-    assert set(outputs.inputs) == {(p, o) for p in partitions for o in range(ends[p])}
-    assert outputs.duplicates == 0
-    assert outputs.order_violations() == []
+    finish_and_read(kafka.bootstrap_servers, second, source, sink, partitions)
+
+
+@pytest.mark.kafka_requires("transactions", "accurate_high_watermark")
+@pytest.mark.parametrize(
+    "commit_mode",
+    [CommitMode.PERIODIC_CONSUMER_ASYNC, CommitMode.PERIODIC_TRANSACTIONAL_PRODUCER],
+    ids=lambda m: m.name.lower(),
+)
+def test_async_handlers_produce_every_output_in_key_order(
+    kafka: KafkaBroker,
+    topic: TopicFactory,
+    consumer_config: dict[str, Any],
+    engines: Engines,
+    commit_mode: CommitMode,
+) -> None:
+    # Given 3,000 inputs with 100 keys over 3 partitions
+    source, sink = topic(len(PARTITIONS)), topic(len(PARTITIONS))
+    produce_records(kafka.bootstrap_servers, source, 3_000, keys=[f"k{i}" for i in range(100)])
+
+    # When an async def pipeline awaits a little I/O and returns one output per input
+    async def handle(ctx: PollContext) -> ProducerRecord:
+        await asyncio.sleep(0.002)
+        return output_of(ctx, sink)
+
+    options = Options(ordering=ProcessingOrder.KEY, max_concurrency=200, commit_mode=commit_mode)
+    pc = start(engines, consumer_config, options, source, handle)
+
+    # Then every input is committed, with exactly one output each, in key order
+    finish_and_read(kafka.bootstrap_servers, pc, source, sink, PARTITIONS)
+
+
+@pytest.mark.kafka_requires("transactions", "accurate_high_watermark")
+def test_a_call_with_a_rejected_output_commits_none_of_its_outputs(
+    kafka: KafkaBroker,
+    topic: TopicFactory,
+    consumer_config: dict[str, Any],
+    engines: Engines,
+) -> None:
+    # Given a call whose second output the producer rejects at once (over message.max.bytes)
+    # on the first attempt, after its first output was sent into the open transaction
+    source, sink = topic(1), topic(1)
+    produce_records(kafka.bootstrap_servers, source, 20, keys=[f"k{i}" for i in range(5)])
+
+    def handle(ctx: PollContext) -> list[ProducerRecord]:
+        first = output_of(ctx, sink)
+        if ctx.offset == 7 and ctx.attempts == 0:
+            return [first, ProducerRecord(sink, b"x" * 2_000_000, key=ctx.key)]
+        return [first]
+
+    options = Options(
+        ordering=ProcessingOrder.KEY,
+        max_concurrency=4,
+        retry_delay=0.2,
+        commit_interval=0.2,
+        commit_mode=CommitMode.PERIODIC_TRANSACTIONAL_PRODUCER,
+    )
+    pc = start(engines, consumer_config, options, source, handle)
+    # Then the first attempt's output was aborted with its transaction: exactly one each
+    finish_and_read(kafka.bootstrap_servers, pc, source, sink, [0], in_order=False)
+
+
+@pytest.mark.kafka_requires("transactions", "accurate_high_watermark")
+def test_a_fenced_instance_stops_with_the_reason_and_outputs_stay_exactly_once(
+    kafka: KafkaBroker,
+    topic: TopicFactory,
+    consumer_config: dict[str, Any],
+    engines: Engines,
+) -> None:
+    # Given an instance running with a static identity (so a stable transactional id)
+    source, sink = topic(2), topic(2)
+    produce_records(kafka.bootstrap_servers, source, 3_000, keys=[f"k{i}" for i in range(20)])
+    config = {**consumer_config, "group.instance.id": "the-same"}
+
+    def handle(ctx: PollContext) -> ProducerRecord:
+        time.sleep(0.002)
+        return output_of(ctx, sink)
+
+    options = Options(
+        ordering=ProcessingOrder.KEY,
+        max_concurrency=8,
+        commit_mode=CommitMode.PERIODIC_TRANSACTIONAL_PRODUCER,
+    )
+    first = start(engines, config, options, source, handle)
+    wait_until(lambda: first.statistics().outputs_acknowledged >= 300, timeout=60, what="progress")
+    # When a second instance starts with the same identity (a misconfiguration, or a restart
+    # while the old process still runs), it fences the first one
+    second = start(engines, config, options, source, handle)
+    # Then the first stops by itself with an error that says so
+    wait_until(lambda: first.lifecycle is Lifecycle.CLOSED, timeout=60, what="the first to stop")
+    assert first.failure is not None
+    assert "fenced" in str(first.failure) or "FENCED" in str(first.failure)
+    # and the second commits everything, each output exactly once
+    finish_and_read(kafka.bootstrap_servers, second, source, sink, [0, 1], in_order=False)
