@@ -58,10 +58,10 @@ def test_outputs_are_produced_and_reported_and_inputs_done_after_delivery(
 
 
 def test_a_failed_delivery_fails_the_input_which_is_retried(harness, cluster, wait_until):
-    # Given one input whose first output delivery fails
+    # Given one input whose first output delivery fails (the failure is armed before the
+    # input exists, so that its first attempt cannot slip through before it)
     cluster.create_topic("t")
     cluster.create_topic("out")
-    cluster.produce("t", b"x", key=b"k")
     seen: list[BaseException | None] = []
     pc = harness.make(Options(retry_delay=0))
 
@@ -71,6 +71,7 @@ def test_a_failed_delivery_fails_the_input_which_is_retried(harness, cluster, wa
         return ProducerRecord("out", b"y")
 
     harness.producers[0].fail_next_deliveries(1)
+    cluster.produce("t", b"x", key=b"k")
     # Then it is retried with the reason, and done once its output is delivered
     wait_until(lambda: pc.statistics().records_succeeded == 1)
     assert seen[0] is None

@@ -129,8 +129,6 @@ def test_a_rewind_goes_back_to_records_held_in_the_pollers_overflow(setup: Setup
     cluster = setup.cluster
     cluster.create_topic("t")
     cluster.create_topic("out")
-    for _ in range(10):
-        cluster.produce("t", b"v", key=b"k")
     pc = setup.make(
         "^(t|u)$",
         ordering=ProcessingOrder.KEY,
@@ -142,6 +140,8 @@ def test_a_rewind_goes_back_to_records_held_in_the_pollers_overflow(setup: Setup
     pc.poll_and_produce(coordinates)
     producer = setup.producers[0]
     producer.hold.set()
+    for _ in range(10):  # (after the hold: none of them can finish)
+        cluster.produce("t", b"v", key=b"k")
     time.sleep(1.2)  # the poller waits for credit, then pauses everything
     cluster.create_topic("u")
     for _ in range(3):
@@ -258,8 +258,6 @@ def test_a_full_producer_queue_does_not_block_the_controller(setup: Setup) -> No
     cluster = setup.cluster
     cluster.create_topic("t")
     cluster.create_topic("out")
-    for _ in range(50):
-        cluster.produce("t", b"v")
     pc = setup.make("t", ordering=ProcessingOrder.UNORDERED)
     pc.poll_and_produce(coordinates)
     producer = setup.producers[0]
@@ -273,6 +271,8 @@ def test_a_full_producer_queue_does_not_block_the_controller(setup: Setup) -> No
         original(*args, **kwargs)
 
     producer.produce = produce  # type: ignore[method-assign]
+    for _ in range(50):  # (after the queue is full: none of them can get through)
+        cluster.produce("t", b"v")
     # While the queue stays full, the controller still answers at once
     wait(lambda: pc.statistics().delivering > 0, what="outputs waiting for room")
     started = time.monotonic()
