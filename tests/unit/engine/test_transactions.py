@@ -142,7 +142,11 @@ def test_a_rewind_goes_back_to_records_held_in_the_pollers_overflow(setup: Setup
     producer.hold.set()
     for _ in range(10):  # (after the hold: none of them can finish)
         cluster.produce("t", b"v", key=b"k")
-    time.sleep(1.2)  # the poller waits for credit, then pauses everything
+    # the poller runs out of credit, waits, then pauses everything to serve the group
+    wait(
+        lambda: (pc.statistics().poller.waiting_for_credit or 0.0) > 1.1,
+        what="the poller waiting for credit long enough to pause everything",
+    )
     cluster.create_topic("u")
     for _ in range(3):
         cluster.produce("u", b"w", key=b"j")
@@ -196,8 +200,14 @@ def test_a_revoke_that_times_out_aborts_and_a_later_assignment_is_kept(
     wait(lambda: pc.statistics().outputs_sent == 1)
     consumer.rebalance(revoke=[("t", 1)])
     wait(lambda: producer.aborted_transactions, timeout=5, what="the abort after the timeout")
+
+    def epoch_of_t1() -> int | None:
+        found = [p.epoch for p in pc.statistics().partitions if (p.topic, p.partition) == ("t", 1)]
+        return found[0] if found else None
+
+    before = epoch_of_t1()
     consumer.rebalance(assign=[("t", 1)])  # t[1] comes back
-    time.sleep(0.3)
+    wait(lambda: epoch_of_t1() not in (None, before), what="t[1] assigned again")
     producer.hold.clear()
     for _ in range(5):
         cluster.produce("t", b"b", partition=1)
