@@ -1,0 +1,232 @@
+"""The dead-letter record format: header names, and building and reading them (pure, no I/O).
+
+One contract shared by everything that writes or reads dead letters: the engine when a record
+is dead-lettered, the PySpark runner's dead-letter rows, and ``pc dlq show`` / ``pc dlq redrive``.
+A dead-lettered record keeps the original key, value and headers and gains the ``pc.dlq.*``
+headers below. Header values are UTF-8 text: integers in decimal, times in ISO-8601 UTC with
+milliseconds (``2026-11-24T04:01:02.123Z``), so they read well in any Kafka tool.
+
+A redriven record (``pc dlq redrive``) loses its ``pc.dlq.*`` headers (its attempt count starts
+again from zero) and gains the ``pc.redrive.*`` audit headers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+__all__ = [
+    "ATTEMPTS",
+    "DLQ_PREFIX",
+    "ERROR_MESSAGE",
+    "ERROR_MESSAGE_LIMIT",
+    "ERROR_TYPE",
+    "FIRST_FAILURE_AT",
+    "GROUP",
+    "LAST_FAILURE_AT",
+    "ORIGINAL_OFFSET",
+    "ORIGINAL_PARTITION",
+    "ORIGINAL_TIMESTAMP",
+    "ORIGINAL_TOPIC",
+    "REASON",
+    "REDRIVE_AT",
+    "REDRIVE_COUNT",
+    "REDRIVE_FROM",
+    "REDRIVE_PREFIX",
+    "TRACE_ID",
+    "DeadLetterInfo",
+    "Reason",
+    "dead_letter_headers",
+    "default_topic",
+    "format_time",
+    "read_dead_letter",
+]
+
+DLQ_PREFIX = "pc.dlq."
+ORIGINAL_TOPIC = "pc.dlq.original.topic"
+ORIGINAL_PARTITION = "pc.dlq.original.partition"
+ORIGINAL_OFFSET = "pc.dlq.original.offset"
+#: The original record's timestamp (its CreateTime or LogAppendTime), ISO-8601 UTC.
+ORIGINAL_TIMESTAMP = "pc.dlq.original.timestamp"
+#: Failed attempts before the record was dead-lettered (0 for ``DeadLetter`` on the first call).
+ATTEMPTS = "pc.dlq.attempts"
+#: Qualified name of the last error's type, e.g. ``builtins.ValueError``.
+ERROR_TYPE = "pc.dlq.error.type"
+#: ``str()`` of the last error, cut to :data:`ERROR_MESSAGE_LIMIT` characters.
+ERROR_MESSAGE = "pc.dlq.error.message"
+FIRST_FAILURE_AT = "pc.dlq.first.failure.at"
+LAST_FAILURE_AT = "pc.dlq.last.failure.at"
+#: The consumer group that gave up on the record.
+GROUP = "pc.dlq.group"
+#: Why: one of :class:`Reason`'s values.
+REASON = "pc.dlq.reason"
+#: The W3C trace id of the record's processing span, when tracing is on.
+TRACE_ID = "pc.dlq.trace.id"
+
+REDRIVE_PREFIX = "pc.redrive."
+#: When the record was redriven, ISO-8601 UTC.
+REDRIVE_AT = "pc.redrive.at"
+#: ``<dead-letter topic>/<partition>@<offset>``: where the redriven copy came from.
+REDRIVE_FROM = "pc.redrive.from"
+#: How many times this record has been redriven (1 on the first redrive).
+REDRIVE_COUNT = "pc.redrive.count"
+
+#: Error messages longer than this are cut (with a trailing "...").
+ERROR_MESSAGE_LIMIT = 1000
+
+
+class Reason:
+    """Why a record was dead-lettered (the value of the :data:`REASON` header)."""
+
+    #: ``max_retries`` failed attempts.
+    RETRIES_EXHAUSTED = "retries-exhausted"
+    #: The handler raised ``DeadLetter``.
+    DEAD_LETTER = "dead-letter"
+    #: The handler raised an exception of a type in ``Options.non_retryable``.
+    NON_RETRYABLE = "non-retryable"
+    #: The stall policy dead-lettered the record blocking its partition.
+    STALLED = "stalled"
+
+    ALL = (RETRIES_EXHAUSTED, DEAD_LETTER, NON_RETRYABLE, STALLED)
+
+
+def default_topic(topic: str) -> str:
+    """The dead-letter topic of ``topic`` when ``Options.dead_letter_topic`` is not set."""
+    return f"{topic}.dlq"
+
+
+def format_time(when: datetime | float | None) -> str:
+    """ISO-8601 UTC with milliseconds; a float is seconds since the epoch."""
+    if when is None:
+        return ""
+    if not isinstance(when, datetime):
+        when = datetime.fromtimestamp(when, UTC)
+    elif when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+
+
+def _parse_time(text: str) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _cut(text: str) -> str:
+    if len(text) <= ERROR_MESSAGE_LIMIT:
+        return text
+    return text[: ERROR_MESSAGE_LIMIT - 3] + "..."
+
+
+def _type_name(error: BaseException) -> str:
+    kind = type(error)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+Header = tuple[str, bytes]
+
+
+def dead_letter_headers(
+    *,
+    topic: str,
+    partition: int,
+    offset: int,
+    timestamp_ms: int | None,
+    attempts: int,
+    error: BaseException | None,
+    first_failure_at: datetime | None,
+    last_failure_at: datetime | None,
+    group: str,
+    reason: str,
+    trace_id: str | None = None,
+    original_headers: Sequence[Header] | None = None,
+) -> list[Header]:
+    """The headers of a dead-lettered record: its own headers (any stale ``pc.dlq.*`` from an
+    earlier dead-lettering dropped) followed by the ``pc.dlq.*`` ones."""
+    if reason not in Reason.ALL:
+        raise ValueError(f"unknown dead-letter reason {reason!r}; expected one of {Reason.ALL}")
+    kept = [(k, v) for k, v in (original_headers or ()) if not k.startswith(DLQ_PREFIX)]
+    ours: list[tuple[str, str]] = [
+        (ORIGINAL_TOPIC, topic),
+        (ORIGINAL_PARTITION, str(partition)),
+        (ORIGINAL_OFFSET, str(offset)),
+        (ORIGINAL_TIMESTAMP, format_time(timestamp_ms / 1000) if timestamp_ms else ""),
+        (ATTEMPTS, str(attempts)),
+        (ERROR_TYPE, _type_name(error) if error is not None else ""),
+        (ERROR_MESSAGE, _cut(str(error)) if error is not None else ""),
+        (FIRST_FAILURE_AT, format_time(first_failure_at)),
+        (LAST_FAILURE_AT, format_time(last_failure_at)),
+        (GROUP, group),
+        (REASON, reason),
+    ]
+    if trace_id:
+        ours.append((TRACE_ID, trace_id))
+    return kept + [(k, v.encode()) for k, v in ours]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterInfo:
+    """What the ``pc.dlq.*`` headers of a dead-lettered record say."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: datetime | None
+    attempts: int
+    error_type: str
+    error_message: str
+    first_failure_at: datetime | None
+    last_failure_at: datetime | None
+    group: str
+    reason: str
+    trace_id: str | None
+    redrive_count: int
+
+
+def _as_map(headers: Iterable[tuple[str, bytes | str | None]] | None) -> Mapping[str, str]:
+    out: dict[str, str] = {}
+    for key, value in headers or ():
+        if value is None:
+            text = ""
+        elif isinstance(value, bytes):
+            text = value.decode("utf-8", errors="replace")
+        else:
+            text = value
+        out[key] = text  # the last occurrence wins, as in most Kafka tools
+    return out
+
+
+def _int(text: str | None, default: int = -1) -> int:
+    try:
+        return int(text) if text is not None else default
+    except ValueError:
+        return default
+
+
+def read_dead_letter(
+    headers: Iterable[tuple[str, bytes | str | None]] | None,
+) -> DeadLetterInfo | None:
+    """Parse the ``pc.dlq.*`` headers; None when the record has no original topic header (it
+    was not written by this library's dead-lettering)."""
+    found = _as_map(headers)
+    if ORIGINAL_TOPIC not in found:
+        return None
+    return DeadLetterInfo(
+        topic=found[ORIGINAL_TOPIC],
+        partition=_int(found.get(ORIGINAL_PARTITION)),
+        offset=_int(found.get(ORIGINAL_OFFSET)),
+        timestamp=_parse_time(found.get(ORIGINAL_TIMESTAMP, "")),
+        attempts=_int(found.get(ATTEMPTS), 0),
+        error_type=found.get(ERROR_TYPE, ""),
+        error_message=found.get(ERROR_MESSAGE, ""),
+        first_failure_at=_parse_time(found.get(FIRST_FAILURE_AT, "")),
+        last_failure_at=_parse_time(found.get(LAST_FAILURE_AT, "")),
+        group=found.get(GROUP, ""),
+        reason=found.get(REASON, ""),
+        trace_id=found.get(TRACE_ID) or None,
+        redrive_count=_int(found.get(REDRIVE_COUNT), 0),
+    )

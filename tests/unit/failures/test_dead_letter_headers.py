@@ -1,0 +1,66 @@
+"""The dead-letter header contract: what the engine writes is what the tools read back."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from parallel_consumer import dead_letter as dl
+
+
+def _headers(**overrides: object) -> list[tuple[str, bytes]]:
+    args: dict[str, object] = {
+        "topic": "orders",
+        "partition": 3,
+        "offset": 42,
+        "timestamp_ms": 1_700_000_000_123,
+        "attempts": 4,
+        "error": ValueError("bad order"),
+        "first_failure_at": datetime(2026, 11, 24, 4, 0, 0, 5000, tzinfo=UTC),
+        "last_failure_at": datetime(2026, 11, 24, 4, 0, 9, tzinfo=UTC),
+        "group": "g",
+        "reason": dl.Reason.RETRIES_EXHAUSTED,
+        "original_headers": [("app", b"1"), (dl.ATTEMPTS, b"9")],
+    }
+    args.update(overrides)
+    return dl.dead_letter_headers(**args)  # type: ignore[arg-type]
+
+
+def test_round_trip() -> None:
+    headers = _headers()
+    assert headers[0] == ("app", b"1")  # the record's own headers first
+    assert sum(1 for k, _ in headers if k == dl.ATTEMPTS) == 1  # the stale one dropped
+    info = dl.read_dead_letter(headers)
+    assert info is not None
+    assert (info.topic, info.partition, info.offset, info.attempts) == ("orders", 3, 42, 4)
+    assert info.error_type == "builtins.ValueError"
+    assert info.error_message == "bad order"
+    assert info.timestamp == datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=UTC)
+    assert info.first_failure_at == datetime(2026, 11, 24, 4, 0, 0, 5000, tzinfo=UTC)
+    assert info.reason == "retries-exhausted"
+    assert info.trace_id is None
+    assert info.redrive_count == 0
+
+
+def test_long_messages_are_cut() -> None:
+    info = dl.read_dead_letter(_headers(error=RuntimeError("x" * 5000)))
+    assert info is not None
+    assert len(info.error_message) == dl.ERROR_MESSAGE_LIMIT
+    assert info.error_message.endswith("...")
+
+
+def test_unknown_reason_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown dead-letter reason"):
+        _headers(reason="because")
+
+
+def test_records_without_the_headers_are_not_dead_letters() -> None:
+    assert dl.read_dead_letter([("app", b"1")]) is None
+    assert dl.read_dead_letter(None) is None
+
+
+def test_times_are_utc_with_milliseconds() -> None:
+    assert dl.format_time(0.0) == "1970-01-01T00:00:00.000Z"
+    assert dl.format_time(datetime(2026, 1, 2, 3, 4, 5, 678999)) == "2026-01-02T03:04:05.678Z"
+    assert dl.format_time(None) == ""
