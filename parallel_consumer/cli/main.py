@@ -1,8 +1,9 @@
 """``pc``: operator and developer commands for parallel_consumer.
 
 ``pc demo`` processes keyed records on a local broker; ``pc kafka start`` runs a local broker
-until Ctrl-C; ``pc kafka resolve`` fills the broker jar cache. ``pc offsets`` and ``pc dlq`` are
-announced but not implemented yet.
+until Ctrl-C; ``pc kafka resolve`` fills the broker jar cache; ``pc dlq show`` and
+``pc dlq redrive`` inspect and re-publish dead-lettered records. ``pc offsets`` is announced but
+not implemented yet.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from parallel_consumer.cli import demo
+from parallel_consumer.cli import demo, dlq
 from parallel_consumer.testing import _apache_kafka
 from parallel_consumer.testing.local_kafka import DEFAULT_KAFKA_VERSION, LocalKafka, LocalKafkaError
 
@@ -22,7 +23,6 @@ __all__ = ["main"]
 
 _COMING = {
     "offsets": "inspect and reset committed offsets and their offset maps",
-    "dlq": "inspect and redrive dead-letter topics",
 }
 
 
@@ -57,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     resolve.add_argument("--version", default=DEFAULT_KAFKA_VERSION, help="Apache Kafka version")
 
     demo.add_parser(commands)
+    dlq.add_parser(commands)
     for name, what in _COMING.items():
         commands.add_parser(name, help=f"(coming) {what}")
     return parser
@@ -104,6 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _kafka_start(args)
         if args.command == "demo":
             return demo.run(args)
+        if args.command == "dlq":
+            return dlq.run(args)
         if args.command == "kafka" and args.kafka_command == "resolve":
             lib = _apache_kafka.resolve_jars(args.version)
             print(lib)
