@@ -1,0 +1,150 @@
+"""The engine's cost per record without a broker: W2's shape on the in-memory fake cluster.
+
+Runs a no-op handler over N records (8 partitions, 10,000 keys, like W2) through a real
+ParallelConsumer whose Kafka client is the fake one, and reports the wall time and the CPU time
+of each engine thread (read from /proc, per thread), in microseconds per record. The fake
+client costs differ from librdkafka's, so the poller's share is not the real one; the
+controller's and the workers' are. For before/after comparisons of the hot path (issue #15):
+figures to quote come from pc-bench on the real broker.
+
+    .venv/bin/python benchmarks/hotpath.py --ordering KEY --records 200000 --repeat 3
+    .venv/bin/python benchmarks/hotpath.py --profile controller   # cProfile of one thread
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+from parallel_consumer import Options, ParallelConsumer, PollContext, ProcessingOrder
+from parallel_consumer.testing.fakes import FakeCluster
+
+TOPIC = "w2"
+
+
+def _fill(records: int, partitions: int, keys: int) -> FakeCluster:
+    cluster = FakeCluster()
+    cluster.create_topic(TOPIC, partitions)
+    value = b"x" * 100
+    for i in range(records):
+        cluster.produce(TOPIC, value, str(i % keys).encode(), partition=i % partitions)
+    return cluster
+
+
+def _thread_cpu() -> dict[int, float]:
+    """CPU seconds (user + system) of every thread of this process, by native thread id."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _role(name: str) -> str:
+    for role in ("controller", "poller", "worker", "producer"):
+        if role in name:
+            return role
+    return "other"
+
+
+def run_once(args: argparse.Namespace, profile: str | None) -> dict[str, Any]:
+    cluster = _fill(args.records, args.partitions, args.keys)
+    done = threading.Event()
+    count = [0]
+    lock = threading.Lock()
+    target = args.records
+
+    def handle(ctx: PollContext) -> None:
+        with lock:
+            count[0] += len(ctx)
+            if count[0] >= target:
+                done.set()
+
+    options = Options(
+        ordering=ProcessingOrder[args.ordering],
+        max_concurrency=args.concurrency,
+        batch_size=args.batch_size,
+        max_buffered_records=max(10_000, 4 * args.concurrency * args.batch_size),
+    )
+    pc = ParallelConsumer(
+        {"bootstrap.servers": "fake:9092", "group.id": "hotpath"},
+        options,
+        consumer_factory=cluster.consumer,
+    )
+    profiler = cProfile.Profile() if profile else None
+    if profiler is not None:
+        # Profile one engine thread: install the profiler from inside it on its first call.
+        original = threading.Thread.run
+
+        def run(self: threading.Thread) -> None:
+            if profile in self.name:
+                profiler.enable()
+            try:
+                original(self)
+            finally:
+                if profile in self.name:
+                    profiler.disable()
+
+        threading.Thread.run = run  # type: ignore[method-assign]
+    before = _thread_cpu()
+    started = time.perf_counter()
+    pc.subscribe([TOPIC])
+    pc.poll(handle)
+    if not done.wait(args.timeout):
+        pc.close()
+        raise SystemExit(f"only {count[0]}/{target} records in {args.timeout} s")
+    wall = time.perf_counter() - started
+    after = _thread_cpu()
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    pc.close()
+    if profiler is not None:
+        threading.Thread.run = original  # type: ignore[method-assign]
+    cpu: dict[str, float] = defaultdict(float)
+    for tid, seconds in after.items():
+        cpu[_role(names.get(tid, ""))] += seconds - before.get(tid, 0.0)
+    result = {
+        "wall": wall,
+        "records_per_s": args.records / wall,
+        "us_per_record": {k: v / args.records * 1e6 for k, v in sorted(cpu.items())},
+    }
+    if profiler is not None:
+        stats = pstats.Stats(profiler, stream=sys.stdout)
+        stats.sort_stats("tottime").print_stats(25)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ordering", default="KEY", choices=[o.name for o in ProcessingOrder])
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--profile", default=None, help="cProfile the thread whose name has this")
+    args = parser.parse_args()
+    runs = [run_once(args, args.profile if i == 0 else None) for i in range(args.repeat)]
+    for r in runs:
+        parts = "  ".join(f"{k} {v:.1f}" for k, v in r["us_per_record"].items())
+        print(f"{r['records_per_s']:>9,.0f} rec/s  wall {r['wall']:.2f} s  µs/record: {parts}")
+    median = statistics.median(r["records_per_s"] for r in runs)
+    print(f"median {median:,.0f} records/s ({args.ordering}, batch_size={args.batch_size})")
+
+
+if __name__ == "__main__":
+    main()
