@@ -7,7 +7,7 @@ import pytest
 from parallel_consumer.cli import bench, main
 
 
-@pytest.mark.parametrize("command", ["offsets", "dlq"])
+@pytest.mark.parametrize("command", ["offsets"])
 def test_announced_commands_say_they_are_coming_and_exit_2(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
