@@ -1,0 +1,358 @@
+"""Reproducers of an adversarial review of the asyncio and process runners (review-13).
+
+Each test states a guarantee the docs or the runner contract (``runners/base.py``) make, and
+fails on the code as it was reviewed: each is marked ``xfail(strict=True)`` so the suite stays
+green and the fix flips it. Handlers the process runner uses are module-level functions: worker
+processes are spawned and import them by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Message
+
+from parallel_consumer import Options, ParallelConsumer, PollContext
+from parallel_consumer._clock import SystemClock
+from parallel_consumer._events import WorkDone
+from parallel_consumer.context import RecordContext
+from parallel_consumer.runners import AsyncioRunner, ProcessRunner
+from parallel_consumer.testing.fakes import FakeCluster
+
+# -- process-runner handlers (module level: the worker processes import them by name) --------
+
+
+class Pair(tuple):  # type: ignore[type-arg]
+    """A value type that pickles, but whose unpickling fails (``__new__`` wants two arguments
+    and ``tuple.__getnewargs__`` gives one): the classic custom-constructor pickling trap."""
+
+    def __new__(cls, a: int, b: int) -> Pair:
+        return super().__new__(cls, (a, b))
+
+
+def review_handler(ctx: PollContext) -> object:
+    if ctx.value == b"pair":
+        return Pair(ctx.offset, 0)
+    if ctx.value == b"slow":
+        time.sleep(0.3)
+    return ctx.offset
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+
+def context(offset: int, value: object = b"v", key: bytes = b"k") -> PollContext:
+    message = Message(topic="t", partition=0, offset=offset, key=key, value=value)
+    return PollContext([RecordContext(message)])
+
+
+class Results:
+    """The ``done`` callback of a runner under test."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[WorkDone] = queue.SimpleQueue()
+
+    def __call__(self, event: WorkDone) -> None:
+        self._queue.put(event)
+
+    def take(self, count: int, timeout: float) -> dict[int, WorkDone]:
+        """Up to ``count`` reports, waiting at most ``timeout`` in all."""
+        deadline = time.monotonic() + timeout
+        out: dict[int, WorkDone] = {}
+        while len(out) < count:
+            try:
+                event = self._queue.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            assert event.batch not in out, f"call {event.batch} reported twice"
+            out[event.batch] = event
+        return out
+
+
+def wait_until(condition: Callable[[], object], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def consumer(cluster: FakeCluster, options: Options) -> ParallelConsumer:
+    pc = ParallelConsumer(
+        {"bootstrap.servers": "fake:9092", "group.id": "g"},
+        options,
+        consumer_factory=cluster.consumer,
+    )
+    pc.subscribe("t")
+    return pc
+
+
+def threads_named(suffix: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.endswith(suffix) and t.is_alive()]
+
+
+# -- finding 1: a decorated async def handler is run on the thread runner and never awaited ------
+
+
+def logged(function: Callable[[PollContext], Any]) -> Callable[[PollContext], Any]:
+    """A typical synchronous decorator (logging, metrics, tracing) around any handler."""
+
+    @functools.wraps(function)
+    def wrapper(ctx: PollContext) -> Any:
+        return function(ctx)
+
+    return wrapper
+
+
+class AsyncHandler:
+    """A handler object with an ``async def __call__`` taking an extra argument."""
+
+    def __init__(self, ran: list[int]) -> None:
+        self.ran = ran
+
+    async def __call__(self, ctx: PollContext, tag: str) -> None:
+        await asyncio.sleep(0)
+        self.ran.append(ctx.offset)
+
+
+def decorated_handler(ran: list[int]) -> Callable[[PollContext], Any]:
+    @logged
+    async def handle(ctx: PollContext) -> None:
+        await asyncio.sleep(0)
+        ran.append(ctx.offset)
+
+    return handle
+
+
+def partial_of_async_object(ran: list[int]) -> Callable[[PollContext], Any]:
+    return functools.partial(AsyncHandler(ran), tag="x")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 1: an async def handler behind a sync decorator (or a partial of an async "
+    "callable object) runs on the thread runner; its coroutine is never awaited and the "
+    "record is committed as done",
+)
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize(
+    "make_handler",
+    [decorated_handler, partial_of_async_object],
+    ids=["sync-decorator", "partial-of-async-callable"],
+)
+def test_finding_1_a_wrapped_async_handler_is_never_awaited_yet_its_records_commit(make_handler):
+    # Given 5 records and an async handler behind a synchronous wrapper
+    cluster = FakeCluster()
+    cluster.create_topic("t")
+    for i in range(5):
+        cluster.produce("t", b"%d" % i, key=b"k")
+    ran: list[int] = []
+    handle = make_handler(ran)
+    pc = consumer(cluster, Options(commit_interval=0.05))
+    # When it is registered with the runner left unset (the handler "decides")
+    pc.poll(handle)
+    try:
+        wait_until(lambda: pc.statistics().records_succeeded >= 5 or len(ran) >= 5, timeout=10)
+    finally:
+        pc.close()
+    # Then a record is committed only once its handler body ran (at-least-once)
+    committed = cluster.committed("g", "t", 0)
+    done = 0 if committed is None else committed[0]
+    assert set(range(done)) <= set(ran), f"committed up to {done}, handler bodies ran for {ran}"
+
+
+# -- finding 2: SystemExit / KeyboardInterrupt in a task a handler awaits kills the event loop ---
+
+
+async def exit_now() -> None:
+    raise SystemExit(3)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 2: SystemExit raised in a task an async handler awaits (wait_for, gather, "
+    "create_task) escapes Task.__step and stops the runner's event loop: every other call in "
+    "flight never reports and the consumer stalls or fails",
+)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+@pytest.mark.parametrize("how", ["wait_for", "gather"])
+def test_finding_2_system_exit_in_an_awaited_task_stops_every_other_call(how):
+    # Given 10 records of distinct keys; the first attempt at record 0 awaits a helper that
+    # calls sys.exit() (through wait_for / gather, which wrap it in a task)
+    cluster = FakeCluster()
+    cluster.create_topic("t")
+    for i in range(10):
+        cluster.produce("t", b"%d" % i, key=b"k%d" % i)
+    finished: list[int] = []
+
+    async def handle(ctx: PollContext) -> None:
+        if ctx.offset == 0 and ctx.attempts == 0:
+            await asyncio.sleep(0.05)
+            if how == "wait_for":
+                await asyncio.wait_for(exit_now(), 5)
+            else:
+                await asyncio.gather(exit_now())
+        await asyncio.sleep(0.2)
+        finished.append(ctx.offset)
+
+    pc = consumer(cluster, Options(retry_delay=0.01, commit_interval=0.05))
+    pc.poll(handle)
+    try:
+        # When it runs: then, as for a SystemExit raised by the handler itself, that call
+        # fails and is retried, and every other call is untouched
+        wait_until(lambda: len(set(finished)) == 10 or pc.failure is not None, timeout=10)
+        assert pc.failure is None, f"the consumer failed: {pc.failure!r}"
+        assert sorted(set(finished)) == list(range(10))
+    finally:
+        try:
+            pc.close(drain=False, timeout=1.0)
+        except Exception:  # the failure is what the assertions above report
+            pass
+
+
+# -- finding 3: GeneratorExit raised by an async handler: the call never reports ----------------
+
+
+@pytest.fixture
+def aio_runners() -> Iterator[list[AsyncioRunner]]:
+    started: list[AsyncioRunner] = []
+    yield started
+    for runner in started:
+        runner.stop(0.0)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 3: a handler raising GeneratorExit ends its task with that exception; "
+    "_finished calls task.result(), which re-raises it inside the done callback, so the call "
+    "never reports a WorkDone (its record stays in flight forever)",
+)
+def test_finding_3_a_handler_raising_generator_exit_still_reports_its_call(aio_runners):
+    # Given an asyncio runner whose handler raises GeneratorExit for record 0
+    async def handle(ctx: PollContext) -> int:
+        await asyncio.sleep(0)
+        if ctx.offset == 0:
+            raise GeneratorExit("from the handler")
+        return ctx.offset
+
+    results = Results()
+    runner = AsyncioRunner(10, SystemClock(), name="review")
+    runner.start(handle, results)  # type: ignore[arg-type]
+    aio_runners.append(runner)
+    # When two calls run
+    runner.submit(0, context(0))
+    runner.submit(1, context(1))
+    # Then each reports exactly one outcome (the contract of runners/base.py): call 0 failed
+    reported = results.take(2, timeout=3.0)
+    assert sorted(reported) == [0, 1]
+    assert isinstance(reported[0].errors[0], GeneratorExit)
+
+
+# -- finding 4: close() returns with the event loop still running (asyncio.to_thread) ----------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 4: after close() the runner's loop thread stays alive (and its loop open) "
+    "as long as any to_thread/run_in_executor call runs: _run_loop awaits "
+    "loop.shutdown_default_executor(), which waits for the blocking call, and stop() gives up "
+    "joining after CANCEL_GRACE",
+)
+def test_finding_4_close_leaves_the_event_loop_running_behind_a_to_thread_call():
+    # Given an async handler that moves its blocking part to a thread, as the docs advise
+    cluster = FakeCluster()
+    cluster.create_topic("t")
+    cluster.produce("t", b"x", key=b"k")
+    release = threading.Event()
+    entered = threading.Event()
+
+    def blocking_io() -> None:
+        entered.set()
+        release.wait(20)
+
+    async def handle(ctx: PollContext) -> None:
+        await asyncio.to_thread(blocking_io)
+
+    pc = consumer(cluster, Options(name="leak"))
+    pc.poll(handle)
+    try:
+        assert entered.wait(10)
+        # When the consumer closes, giving in-flight calls 0.2 s
+        pc.close(drain=False, timeout=0.2)
+        # Then no event loop of the consumer is left running once close() returned
+        assert threads_named("-aio-loop") == [], "the event loop thread outlived close()"
+    finally:
+        release.set()
+        wait_until(lambda: not threads_named("-aio-loop"), timeout=10)
+
+
+# -- finding 5: one value that does not survive the pipe kills the process runner's pool thread -
+
+
+@pytest.fixture
+def process_runner() -> Iterator[tuple[ProcessRunner, Results]]:
+    results = Results()
+    runner = ProcessRunner(1, SystemClock(), name="review")
+    runner.start(review_handler, results)
+    yield runner, results
+    runner.stop(1.0)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 5: a result that pickles in the worker but cannot be unpickled in the "
+    "parent makes recv() raise TypeError in the pool thread (_read catches only EOFError/"
+    "OSError): the pool thread dies, every worker is terminated and no call in flight or "
+    "submitted later ever reports",
+)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_finding_5_a_result_that_cannot_be_unpickled_stops_the_process_runner(process_runner):
+    runner, results = process_runner
+    # Given a call whose handler returns a value that cannot be rebuilt in the parent
+    runner.submit(0, context(0, b"slow"))
+    runner.submit(1, context(1, b"pair"))
+    # When more calls come after it
+    for batch in (2, 3):
+        runner.submit(batch, context(batch, b"ok"))
+    # Then every call reports once: the bad value fails its own call, the others succeed
+    reported = results.take(4, timeout=8.0)
+    assert sorted(reported) == [0, 1, 2, 3]
+    assert reported[1].errors[0] is not None
+    assert [reported[b].errors for b in (0, 2, 3)] == [(None,)] * 3
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 5: a record that cannot be pickled (non-bytes value from a deserializing "
+    "consumer) makes _send raise in _ship: the pool thread dies and no call ever reports "
+    "again; one that pickles but cannot be unpickled kills the worker's receiver thread, and "
+    "that worker hangs forever holding its calls",
+)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+@pytest.mark.parametrize(
+    "bad_value",
+    [threading.Lock(), Pair(1, 2)],
+    ids=["unpicklable-record", "record-not-unpicklable-in-worker"],
+)
+def test_finding_5_a_record_that_cannot_cross_to_the_worker_stalls_the_process_runner(
+    process_runner, bad_value
+):
+    runner, results = process_runner
+    # Given a call whose record cannot travel to the worker process, then good calls
+    runner.submit(0, context(0, bad_value))
+    for batch in (1, 2):
+        runner.submit(batch, context(batch, b"ok"))
+    # Then every call reports once: the bad one fails, the others succeed
+    reported = results.take(3, timeout=8.0)
+    assert sorted(reported) == [0, 1, 2]
+    assert reported[0].errors[0] is not None
+    assert [reported[b].errors for b in (1, 2)] == [(None,)] * 2
