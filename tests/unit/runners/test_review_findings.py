@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import queue
 import threading
 import time
@@ -44,6 +45,28 @@ def review_handler(ctx: PollContext) -> object:
     if ctx.value == b"slow":
         time.sleep(0.3)
     return ctx.offset
+
+
+class Reloadable:
+    """A picklable handler whose loading fails once ``marker`` exists: what a worker started
+    after a deploy removed or broke the handler's module would meet."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (load_reloadable, (self.marker,))
+
+    def __call__(self, ctx: PollContext) -> object:
+        if ctx.value == b"crash":
+            os._exit(1)
+        return ctx.offset
+
+
+def load_reloadable(marker: str) -> Reloadable:
+    if os.path.exists(marker):
+        raise ImportError(f"cannot import the handler any more ({marker} exists)")
+    return Reloadable(marker)
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -356,3 +379,74 @@ def test_finding_5_a_record_that_cannot_cross_to_the_worker_stalls_the_process_r
     assert sorted(reported) == [0, 1, 2]
     assert reported[0].errors[0] is not None
     assert [reported[b].errors for b in (1, 2)] == [(None,)] * 2
+
+
+# -- finding 6: handler calls start after close() returned (a loop blocked by a sync call) ------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 6: with the loop blocked by one call, stop() gives up after timeout+2 s and "
+    "close() returns; the tasks _fill created behind the blocking call then take their first "
+    "step and run handler code after close() returned (nothing checks the stop gate when a "
+    "task first runs)",
+)
+def test_finding_6_no_handler_call_starts_after_close_returned_when_the_loop_was_blocked():
+    # Given 5 calls started together; the first blocks the event loop with a sync call
+    cluster = FakeCluster()
+    cluster.create_topic("t")
+    for i in range(5):
+        cluster.produce("t", b"%d" % i, key=b"k%d" % i)
+    entered = threading.Event()
+    started: list[tuple[int, float]] = []
+
+    async def handle(ctx: PollContext) -> None:
+        if ctx.offset == 0:
+            entered.set()
+            time.sleep(4.5)  # the mistake the docs warn about: a blocking call on the loop
+            return
+        started.append((ctx.offset, time.monotonic()))
+        await asyncio.sleep(30)
+
+    pc = consumer(cluster, Options(ordering="unordered"))
+    pc.poll(handle)
+    assert entered.wait(10)
+    # When the consumer closes meanwhile, giving calls 0.1 s
+    pc.close(drain=False, timeout=0.1)
+    closed_at = time.monotonic()
+    try:
+        # Then no handler call begins once close() has returned
+        wait_until(lambda: not threads_named("-aio-loop"), timeout=10)
+        late = [(offset, round(at - closed_at, 2)) for offset, at in started if at > closed_at]
+        assert late == [], f"handler calls started after close() returned: {late}"
+    finally:
+        wait_until(lambda: not threads_named("-aio-loop"), timeout=10)
+
+
+# -- finding 7: a replacement worker that cannot load the handler is respawned forever ----------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 7: a replacement worker that cannot load the handler sends load_failed and "
+    "exits with code 0; _exited treats that as a crash and spawns another, forever (a spawn "
+    "storm, an error logged each time, and with every worker gone no call ever runs, without "
+    "the consumer failing)",
+)
+def test_finding_7_a_replacement_that_cannot_load_the_handler_is_not_respawned_forever(tmp_path):
+    # Given a one-process runner whose handler loaded fine at start
+    marker = tmp_path / "module-gone"
+    results = Results()
+    runner = ProcessRunner(1, SystemClock(), name="review")
+    runner.start(Reloadable(str(marker)), results)
+    try:
+        # When the handler can no longer be loaded (a deploy changed the code) and the worker
+        # then crashes
+        marker.touch()
+        runner.submit(0, context(0, b"crash"))
+        assert sorted(results.take(1, timeout=10.0)) == [0]
+        time.sleep(3.0)  # let the pool thread replace the worker for a while
+        # Then it does not keep spawning replacements that fail the same way
+        assert runner.restarts <= 2, f"{runner.restarts} replacements spawned in 3 s"
+    finally:
+        runner.stop(1.0)
