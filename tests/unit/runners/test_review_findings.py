@@ -445,8 +445,9 @@ def test_finding_7_a_replacement_that_cannot_load_the_handler_is_not_respawned_f
         marker.touch()
         runner.submit(0, context(0, b"crash"))
         assert sorted(results.take(1, timeout=10.0)) == [0]
-        time.sleep(3.0)  # let the pool thread replace the worker for a while
-        # Then it does not keep spawning replacements that fail the same way
-        assert runner.restarts <= 2, f"{runner.restarts} replacements spawned in 3 s"
+        # Then it does not keep spawning replacements that fail the same way (one or two
+        # attempts are fine; the wait ends early only if there are more)
+        wait_until(lambda: runner.restarts > 2, timeout=12.0)
+        assert runner.restarts <= 2, f"{runner.restarts} replacements spawned"
     finally:
         runner.stop(1.0)
