@@ -44,6 +44,8 @@ def review_handler(ctx: PollContext) -> object:
         return Pair(ctx.offset, 0)
     if ctx.value == b"slow":
         time.sleep(0.3)
+    if ctx.value == b"endless":
+        time.sleep(60)
     return ctx.offset
 
 
@@ -451,3 +453,93 @@ def test_finding_7_a_replacement_that_cannot_load_the_handler_is_not_respawned_f
         assert runner.restarts <= 2, f"{runner.restarts} replacements spawned"
     finally:
         runner.stop(1.0)
+
+
+# -- finding 8: a worker that cannot be spawned: a raw OSError, and the others left running ----
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 8: start() spawns the workers in a list comprehension outside its clean-up; "
+    "an OSError from the 3rd spawn (EMFILE/EAGAIN with a large processes=) escapes as is, not "
+    "as a ConfigurationError, and the workers already spawned (and the wake pipe) are left "
+    "running, even after close()",
+)
+def test_finding_8_a_failed_spawn_is_a_configuration_error_and_leaves_nothing_running(
+    monkeypatch,
+):
+    import multiprocessing
+
+    # Given a machine where only two worker processes can be started (too many open files)
+    spawn = ProcessRunner._spawn
+
+    def spawn_two(self: ProcessRunner, index: int) -> Any:
+        if index >= 2:
+            raise OSError(24, "Too many open files")
+        return spawn(self, index)
+
+    monkeypatch.setattr(ProcessRunner, "_spawn", spawn_two)
+    before = set(multiprocessing.active_children())
+    runner = ProcessRunner(3, SystemClock(), name="review")
+    try:
+        # When the runner starts with processes=3
+        raised: BaseException | None = None
+        try:
+            runner.start(review_handler, Results())
+        except Exception as exc:
+            raised = exc
+        runner.stop(1.0)
+        # Then it is a ConfigurationError (the contract of Runner.start), and nothing is left
+        # running
+        left = [p for p in multiprocessing.active_children() if p not in before]
+        assert (type(raised).__name__, left) == ("ConfigurationError", [])
+    finally:
+        for process in set(multiprocessing.active_children()) - before:
+            process.terminate()
+            process.join(5)
+
+
+# -- finding 9: calls a worker ran when stop() terminated it report WorkerCrashed -----------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 9: docs (runners.md, cpu-bound.md, Runner.stop) say calls of workers "
+    "terminated at close report CallCancelled; _terminate_after_timeout's _read_all meets the "
+    "end of the pipe first and _exited reports them as WorkerCrashed (exit code -15)",
+)
+def test_finding_9_calls_terminated_at_stop_report_call_cancelled(process_runner):
+    from parallel_consumer.runners import CallCancelled
+
+    runner, results = process_runner
+    # Given a call that is still running
+    runner.submit(0, context(0, b"endless"))
+    time.sleep(1.0)  # shipped, and running in the worker
+    # When the runner stops without waiting
+    assert runner.stop(0.0) is False
+    # Then the call reports CallCancelled, as documented
+    reported = results.take(1, timeout=5.0)
+    assert [type(e).__name__ for e in reported[0].errors] == [CallCancelled.__name__]
+
+
+# -- finding 10: a finished call's result waits in the worker for the whole next call ------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 10: worker_main flushes finished results only before taking the next call, "
+    "and only if the inbox is empty or the oldest result is 5 ms old; a call that finishes "
+    "while another waits in the worker is held back for the whole of that next call (forever "
+    "if it hangs), not 'at most 5 ms late' as cpu-bound.md says",
+)
+def test_finding_10_a_finished_result_is_not_held_back_by_the_next_call(process_runner):
+    runner, results = process_runner
+    # Given a call of 0.3 s and, queued behind it in the same worker, a call that runs long
+    runner.submit(0, context(0, b"slow"))
+    runner.submit(1, context(1, b"endless"))
+    # When the first call finishes
+    # Then its result arrives promptly (cpu-bound.md: "at most 5 ms late"), not once the next
+    # call ends
+    reported = results.take(1, timeout=5.0)
+    assert sorted(reported) == [0]
+    assert reported[0].errors == (None,)
