@@ -543,3 +543,69 @@ def test_finding_10_a_finished_result_is_not_held_back_by_the_next_call(process_
     reported = results.take(1, timeout=5.0)
     assert sorted(reported) == [0]
     assert reported[0].errors == (None,)
+
+
+# -- findings 5 and 10 through the engine: what a user of ParallelConsumer sees -----------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 5 (engine): after one return value that cannot be unpickled, the process "
+    "runner's pool thread is dead; the consumer stays RUNNING with failure None while no "
+    "record ever completes again",
+)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_finding_5_engine_one_bad_return_value_silently_stops_the_consumer():
+    # Given 10 records; the handler returns a value that cannot be unpickled for record 0
+    cluster = FakeCluster()
+    cluster.create_topic("t")
+    for i in range(10):
+        cluster.produce("t", b"pair" if i == 0 else b"ok", key=b"k%d" % i)
+    pc = consumer(
+        cluster,
+        Options(runner="process", processes=1, ordering="unordered", retry_delay=0.05),
+    )
+    pc.poll(review_handler)
+    try:
+        # When it runs: then the other 9 records complete, or the consumer fails loudly
+        wait_until(
+            lambda: pc.statistics().records_succeeded >= 9 or pc.failure is not None,
+            timeout=10,
+        )
+        stats = pc.statistics()
+        assert stats.records_succeeded >= 9 or pc.failure is not None, (
+            f"{pc.lifecycle.name}, failure={pc.failure!r}, succeeded={stats.records_succeeded}, "
+            f"in_flight={stats.in_flight}, waiting={stats.waiting}"
+        )
+    finally:
+        with contextlib.suppress(Exception):
+            pc.close(drain=False, timeout=0.5)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 10 (engine): a record whose handler finished long before close's deadline "
+    "is reported failed at close (its result was still held in the worker behind a long "
+    "call), is not committed, and runs again",
+)
+def test_finding_10_engine_a_finished_record_is_not_committed_at_close():
+    # Given record 0 (0.3 s) and record 1 (runs long), both shipped to the only worker
+    cluster = FakeCluster()
+    cluster.create_topic("t")
+    cluster.produce("t", b"slow", key=b"a")
+    cluster.produce("t", b"endless", key=b"b")
+    pc = consumer(
+        cluster, Options(runner="process", processes=1, ordering="unordered", commit_interval=60)
+    )
+    pc.poll(review_handler)
+    try:
+        wait_until(lambda: pc.statistics().in_flight == 2, timeout=10)
+        time.sleep(1.0)  # record 0's handler has long finished
+    finally:
+        # When the consumer closes, giving the long call 1 s
+        pc.close(drain=False, timeout=1.0)
+    # Then record 0, whose handler finished, is committed
+    committed = cluster.committed("g", "t", 0)
+    assert committed is not None, "nothing committed"
+    assert committed[0] >= 1, f"committed: {committed}"
+    assert pc.statistics().records_succeeded == 1
