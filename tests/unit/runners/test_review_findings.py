@@ -651,3 +651,24 @@ def test_finding_11_a_worker_holding_the_gil_does_not_stall_the_other_workers():
         )
     finally:
         runner.stop(1.0)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 1 (explicit runner): the same decorated async def handler with "
+    "runner='asyncio' set explicitly is refused at poll() as 'a plain function', so the user "
+    "cannot even opt in; _is_async does not look through __wrapped__",
+)
+def test_finding_1_a_decorated_async_handler_is_refused_by_the_asyncio_runner():
+    cluster = FakeCluster()
+    cluster.create_topic("t")
+    cluster.produce("t", b"0", key=b"k")
+    ran: list[int] = []
+    pc = consumer(cluster, Options(runner="asyncio"))
+    try:
+        # When a decorated async def handler is registered with runner="asyncio"
+        pc.poll(decorated_handler(ran))
+        # Then it runs on the event loop
+        assert wait_until(lambda: ran == [0], timeout=10), f"ran: {ran}"
+    finally:
+        pc.close()
