@@ -410,7 +410,7 @@ def test_finding_6_no_handler_call_starts_after_close_returned_when_the_loop_was
     async def handle(ctx: PollContext) -> None:
         if ctx.offset == 0:
             entered.set()
-            time.sleep(4.5)  # the mistake the docs warn about: a blocking call on the loop
+            time.sleep(7.0)  # the mistake the docs warn about: a blocking call on the loop
             return
         started.append((ctx.offset, time.monotonic()))
         await asyncio.sleep(30)
@@ -454,7 +454,7 @@ def test_finding_7_a_replacement_that_cannot_load_the_handler_is_not_respawned_f
         assert sorted(results.take(1, timeout=10.0)) == [0]
         # Then it does not keep spawning replacements that fail the same way (one or two
         # attempts are fine; the wait ends early only if there are more)
-        wait_until(lambda: runner.restarts > 2, timeout=12.0)
+        wait_until(lambda: runner.restarts > 2, timeout=15.0)
         assert runner.restarts <= 2, f"{runner.restarts} replacements spawned"
     finally:
         runner.stop(1.0)
@@ -519,7 +519,8 @@ def test_finding_9_calls_terminated_at_stop_report_call_cancelled(process_runner
     runner, results = process_runner
     # Given a call that is still running
     runner.submit(0, context(0, b"endless"))
-    time.sleep(1.0)  # shipped, and running in the worker
+    assert wait_until(lambda: any(w.outstanding for w in runner._workers), timeout=10)
+    time.sleep(0.5)  # shipped, and running in the worker
     # When the runner stops without waiting
     assert runner.stop(0.0) is False
     # Then the call reports CallCancelled, as documented
