@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from parallel_consumer.errors import ConfigurationError
+from parallel_consumer.errors import ConfigurationError, DeadLetter, Retry, Skip
 
 if TYPE_CHECKING:
     from parallel_consumer.context import RecordContext
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CommitMode",
     "InvalidMetadataPolicy",
+    "OnExhausted",
     "Options",
     "ProcessingOrder",
     "RunnerKind",
@@ -81,6 +82,19 @@ _RUNNER_ALIASES = {
     "process": RunnerKind.PROCESS,
     "processes": RunnerKind.PROCESS,
 }
+
+
+class OnExhausted(enum.Enum):
+    """What happens to a record whose retries are exhausted (``Options.max_retries`` failed
+    retries, or an exception listed in ``Options.non_retryable``). See
+    docs/failure-handling.md."""
+
+    #: Write it to the dead-letter topic; its offset commits once the broker acknowledged it.
+    DEAD_LETTER = "dead_letter"
+    #: Mark it done without further processing (logged at WARNING; committed).
+    SKIP = "skip"
+    #: Stop the consumer (``pc.failure`` is a RetriesExhausted); nothing commits at or past it.
+    STOP = "stop"
 
 
 class InvalidMetadataPolicy(enum.Enum):
@@ -160,6 +174,25 @@ class Options:
     #: Called with the failed record's RecordContext (attempts already counted); returns the
     #: delay before the next attempt, as seconds or a timedelta.
     retry_delay_provider: Callable[[RecordContext], Duration] | None = None
+    #: Failed retries allowed after the first failed attempt; ``None`` (default) retries forever,
+    #: as the Java library does; ``0`` gives up at the first failure. A record's handler runs
+    #: at most ``max_retries + 1`` times before ``on_retries_exhausted`` applies.
+    max_retries: int | None = None
+    #: What to do with a record once its retries are exhausted (see :class:`OnExhausted`).
+    on_retries_exhausted: OnExhausted = OnExhausted.DEAD_LETTER
+    #: Optional: called (on the controller thread) with the RecordContext and the last error of
+    #: a record whose retries are exhausted; it may return an :class:`OnExhausted` for this
+    #: record, or None to apply ``on_retries_exhausted``. If it raises, the error is logged and
+    #: ``on_retries_exhausted`` applies.
+    retries_exhausted_callback: (
+        Callable[[RecordContext, BaseException], OnExhausted | None] | None
+    ) = None
+    #: Exception types that are not retried: a failure with one of them (or a subclass) goes
+    #: straight to ``on_retries_exhausted``.
+    non_retryable: tuple[type[BaseException], ...] = ()
+    #: The dead-letter topic of every input topic; ``None`` means ``<topic>.dlq`` per input
+    #: topic. Setting it turns dead-lettering on (see :attr:`dead_lettering`).
+    dead_letter_topic: str | None = None
     #: Upper bound on records held by the engine (buffered awaiting processing + in flight).
     #: ``None`` picks ``max(10_000, 4 * max_concurrency * batch_size)``.
     max_buffered_records: int | None = None
@@ -217,6 +250,7 @@ class Options:
                 "Options.retry_delay_provider must be a callable taking a RecordContext, "
                 f"got {self.retry_delay_provider!r}"
             )
+        self._check_failure_handling()
         in_flight = self.max_concurrency * self.batch_size
         if self.max_buffered_records is None:
             setattr_(self, "max_buffered_records", max(10_000, 4 * in_flight))
@@ -235,6 +269,64 @@ class Options:
             )
         if not isinstance(self.name, str) or not self.name:
             raise ConfigurationError(f"Options.name must be a non-empty string, got {self.name!r}")
+
+    def _check_failure_handling(self) -> None:
+        if self.max_retries is not None and (
+            not isinstance(self.max_retries, int)
+            or isinstance(self.max_retries, bool)
+            or self.max_retries < 0
+        ):
+            raise ConfigurationError(
+                f"Options.max_retries must be an int >= 0 (0: give up at the first failure) or "
+                f"None (retry forever), got {self.max_retries!r}"
+            )
+        object.__setattr__(
+            self,
+            "on_retries_exhausted",
+            _member("on_retries_exhausted", OnExhausted, self.on_retries_exhausted),
+        )
+        callback = self.retries_exhausted_callback
+        if callback is not None and not callable(callback):
+            raise ConfigurationError(
+                "Options.retries_exhausted_callback must be a callable taking (RecordContext, "
+                f"exception), got {callback!r}"
+            )
+        kinds = self.non_retryable
+        if isinstance(kinds, type):
+            kinds = (kinds,)
+        if not isinstance(kinds, tuple | list | frozenset | set):
+            raise ConfigurationError(
+                f"Options.non_retryable must be a tuple of exception types, got {kinds!r}"
+            )
+        for kind in kinds:
+            if not isinstance(kind, type) or not issubclass(kind, BaseException):
+                raise ConfigurationError(
+                    f"Options.non_retryable must hold exception types (classes), got {kind!r}"
+                )
+            if issubclass(kind, Retry | Skip | DeadLetter):
+                raise ConfigurationError(
+                    f"Options.non_retryable lists {kind.__name__}, a control signal with its "
+                    "own meaning (Retry retries, Skip skips, DeadLetter dead-letters); remove it"
+                )
+        object.__setattr__(self, "non_retryable", tuple(kinds))
+        topic = self.dead_letter_topic
+        if topic is not None and (not isinstance(topic, str) or not topic or topic.startswith("^")):
+            raise ConfigurationError(
+                "Options.dead_letter_topic must be a topic name (not a regex), or None for "
+                f"'<topic>.dlq' per input topic, got {topic!r}"
+            )
+
+    @property
+    def dead_lettering(self) -> bool:
+        """Records may be dead-lettered: ``dead_letter_topic`` is set, or
+        ``on_retries_exhausted`` is DEAD_LETTER and retries can be exhausted (``max_retries``
+        or ``non_retryable`` set). Then the library's producer is created and the dead-letter
+        topics are checked (or created) at start."""
+        if self.dead_letter_topic is not None:
+            return True
+        return self.on_retries_exhausted is OnExhausted.DEAD_LETTER and (
+            self.max_retries is not None or bool(self.non_retryable)
+        )
 
     @property
     def commit_every(self) -> float:
