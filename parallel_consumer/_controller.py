@@ -45,7 +45,7 @@ from parallel_consumer._events import (
 from parallel_consumer._producer import Outputs
 from parallel_consumer.commit import Committer
 from parallel_consumer.context import PollContext, RecordContext
-from parallel_consumer.errors import InternalError, RetriesExhausted, Retry
+from parallel_consumer.errors import DeadLetter, InternalError, RetriesExhausted, Retry, Skip
 from parallel_consumer.hooks import Hooks, NoHooks, StallReport
 from parallel_consumer.options import InvalidMetadataPolicy, Options, ProcessingOrder
 from parallel_consumer.produce import ProduceError, ProduceResult, outputs_of
@@ -517,7 +517,6 @@ class Controller:
                 self._finish(item, state)
                 hooks.on_success(_context_of(item))
             else:
-                counters.failed += 1
                 self._failed(item, error, finished_at)
 
     def _finish(self, item: WorkItem, state: PartitionState) -> None:
@@ -640,6 +639,12 @@ class Controller:
                 self._send_outputs(pending)
 
     def _failed(self, item: WorkItem, error: BaseException, finished_at: float) -> None:
+        if isinstance(error, Skip | DeadLetter):
+            # The handler decided: not a failed attempt (the dead letter's attempt count and
+            # the record's history stay as they were).
+            self._give_up(item, error, decide(error, _context_of(item), finished_at, self._options))
+            return
+        self._counters.failed += 1
         item.attempts += 1
         item.last_failure = error
         item.last_failure_at = self._clock.now()
@@ -681,7 +686,8 @@ class Controller:
         if getattr(decision, "exhausted", False):
             self._counters.retries_exhausted += 1
         if isinstance(decision, SkipNow):
-            log.warning(
+            log.log(
+                logging.INFO if isinstance(error, Skip) else logging.WARNING,
                 "%s[%d]@%d skipped after %d failed attempts (%s): %r",
                 *item.tp,
                 item.offset,
@@ -695,6 +701,8 @@ class Controller:
             self._hooks.on_skip(_context_of(item), error, decision.reason)
         elif isinstance(decision, DeadLetterNow):
             self._shards.retry_later(item)  # its lane stays busy until the letter is written
+            if isinstance(error, DeadLetter) and error.__cause__ is not None:
+                error = error.__cause__  # `raise DeadLetter(...) from exc`: the headers name exc
             self._dead_letter_now(item, error, decision.reason)
         else:
             assert isinstance(decision, StopNow)
