@@ -547,7 +547,8 @@ class Controller:
         self._pending.sending(pending)
         if self._gate is not None:
             self._gate.outputs += len(pending.outputs)
-        self._counters.outputs_sent += len(pending.outputs)
+        if pending.batch.id > 0:  # (dead letters are counted apart)
+            self._counters.outputs_sent += len(pending.outputs)
         self._outputs.send(pending.batch.id, pending.outputs)
 
     def _on_delivered(self, event: OutputsDelivered) -> None:
@@ -720,14 +721,19 @@ class Controller:
         holds in the dead-letter topic too). ``reason`` is a ``dead_letter.Reason`` value. With
         dead-lettering off this raises :class:`RetriesExhausted` (the consumer stops). A write
         that fails leaves the record uncommitted and is tried again (``dead_letter_failures``).
+        A record whose dead letter is already on its way is left alone (no second write).
         """
         self._assert_owner()
-        if self._letters is None or self._outputs is None:
+        letters = self._letters
+        if letters is None or self._outputs is None:
             raise RetriesExhausted(
                 f"{item.tp[0]}[{item.tp[1]}]@{item.offset} is to be dead-lettered ({reason}) "
                 "but dead-lettering is off; set Options.dead_letter_topic"
             ) from error
+        if letters.sending_for(item):
+            return
         self._retries.remove(item)
+        letters.take_waiting(item)  # a letter waiting to be written again is replaced
         self._send_dead_letter(Letter(item, error, reason))
 
     def _send_dead_letter(self, letter: Letter) -> None:
@@ -755,30 +761,12 @@ class Controller:
             return
         if error is None:
             self._counters.dead_lettered += 1
-            log.warning(
-                "%s[%d]@%d dead-lettered to %s (%s) after %d failed attempts: %r",
-                *item.tp,
-                item.offset,
-                self._letters.topic_for(item.tp),
-                letter.reason,
-                item.attempts,
-                letter.error,
-            )
+            self._letters.written(letter)
             self._finish(item, state)
             self._hooks.on_dead_letter(_context_of(item), letter.error, letter.reason)
-            return
-        self._counters.dead_letter_failures += 1
-        delay = self._letters.failed(letter)
-        log.warning(
-            "the dead letter of %s[%d]@%d to %s was not written (%s); the record stays "
-            "uncommitted and is written again in %.1fs",
-            *item.tp,
-            item.offset,
-            self._letters.topic_for(item.tp),
-            error,
-            delay,
-        )
-        self._retries.push(item, finished_at + delay)
+        else:
+            self._counters.dead_letter_failures += 1
+            self._retries.push(item, finished_at + self._letters.failed(letter, error))
 
     def _release_due_retries(self, now: float) -> None:
         letters = self._letters

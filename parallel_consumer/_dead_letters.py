@@ -98,14 +98,43 @@ class DeadLetters:
         self.sending[batch.id] = letter
         return batch, record
 
+    def sending_for(self, item: WorkItem) -> bool:
+        """``item``'s dead letter is on its way (or held back by the transaction gate)."""
+        return any(letter.item is item for letter in self.sending.values())
+
     def settled(self, batch_id: int) -> Letter | None:
         return self.sending.pop(batch_id, None)
 
-    def failed(self, letter: Letter) -> float:
-        """The write of ``letter`` failed: it waits; returns the delay before the next write."""
+    def written(self, letter: Letter) -> None:
+        """The broker acknowledged ``letter``: say so (the controller marks the record done)."""
+        item = letter.item
+        log.warning(
+            "%s[%d]@%d dead-lettered to %s (%s) after %d failed attempts: %r",
+            *item.tp,
+            item.offset,
+            self.topic_for(item.tp),
+            letter.reason,
+            item.attempts,
+            letter.error,
+        )
+
+    def failed(self, letter: Letter, error: BaseException) -> float:
+        """The write of ``letter`` failed: it waits (the record stays uncommitted) to be written
+        again; returns the delay before that."""
         letter.failures += 1
         self.waiting[id(letter.item)] = letter
-        return min(RESEND_CAP, RESEND_FIRST * 2.0 ** min(letter.failures - 1, 16))
+        delay = min(RESEND_CAP, RESEND_FIRST * 2.0 ** min(letter.failures - 1, 16))
+        item = letter.item
+        log.warning(
+            "the dead letter of %s[%d]@%d to %s was not written (%s); the record stays "
+            "uncommitted and is written again in %.1fs",
+            *item.tp,
+            item.offset,
+            self.topic_for(item.tp),
+            error,
+            delay,
+        )
+        return delay
 
     def take_waiting(self, item: WorkItem) -> Letter | None:
         """The letter of ``item`` if it waits for another write (it is due now)."""
