@@ -170,6 +170,13 @@ def dead_letter_topics(options: Options, topics: Iterable[str]) -> dict[str, str
             )
         else:
             out[topic] = default_topic(topic)
+    looping = sorted(t for t in out.values() if t in out)
+    if looping:
+        raise ConfigurationError(
+            f"the dead-letter topic {looping[0]!r} is also subscribed: its dead letters would be "
+            "consumed (and could be dead-lettered) again; set Options.dead_letter_topic to a "
+            "topic this consumer does not read"
+        )
     return out
 
 

@@ -315,6 +315,14 @@ def test_a_regex_subscription_needs_an_explicit_dead_letter_topic(harness, clust
         pc.poll(lambda ctx: None)
 
 
+def test_a_dead_letter_topic_that_is_also_subscribed_is_refused(harness, cluster):
+    cluster.create_topic("t")
+    cluster.create_topic("u")
+    pc = harness.make(Options(dead_letter_topic="u"), topics=("t", "u"))
+    with pytest.raises(ConfigurationError, match="'u' is also subscribed"):
+        pc.poll(lambda ctx: None)
+
+
 def test_a_hook_that_raises_never_breaks_processing(harness, cluster, wait_until):
     class Broken(NoHooks):
         def on_failure(self, record: RecordContext, error: BaseException) -> None:
@@ -475,3 +483,68 @@ def test_transactional_dead_letters_commit_in_the_transaction_with_the_offset(cl
     [(values, offsets)] = [t for t in producers[0].committed_transactions if t[1]]
     assert values == [b"bad"]
     assert offsets == [(("t", 0), 1)]
+
+
+def test_a_partition_revoked_while_its_dead_letter_is_in_flight_commits_nothing_past_it(
+    harness, cluster, wait_until
+):
+    # Given a poison record whose dead letter is written but not yet acknowledged
+    cluster.create_topic("t")
+    calls: list[bytes] = []
+    pc = harness.make(Options(max_retries=0, commit_interval=0.01))
+
+    @pc.poll
+    def handle(ctx: PollContext) -> None:
+        calls.append(ctx.value)
+        if ctx.value == b"poison":
+            raise ValueError("poison")
+
+    producer = harness.producers[0]
+    producer.hold.set()
+    cluster.produce("t", b"poison", key=b"a")
+    cluster.produce("t", b"ok", key=b"b")
+    wait_until(lambda: sorted(calls) == [b"ok", b"poison"])
+    wait_until(lambda: len(cluster.records("t.dlq")) == 1)
+
+    # When the partition is revoked before the acknowledgement arrives
+    harness.consumers[0].rebalance(revoke=[("t", 0)])
+    wait_until(lambda: pc.statistics().partitions == ())
+    producer.hold.clear()
+    wait_until(lambda: pc.statistics().results_stale == 1)
+
+    # Then nothing was committed past it, and it does not count as dead-lettered here
+    assert (_committed(cluster) or 0) == 0
+    assert pc.statistics().records_dead_lettered == 0
+
+    # When the partition comes back, then the record runs again and is dead-lettered again
+    # (at-least-once: one extra dead letter), and its offset commits this time
+    harness.consumers[0].rebalance(assign=[("t", 0)])
+    wait_until(lambda: calls.count(b"poison") == 2)
+    wait_until(lambda: _committed(cluster) == 2)
+    assert [m.value() for m in cluster.records("t.dlq")] == [b"poison", b"poison"]
+
+
+def test_close_with_a_dead_letter_in_flight_leaves_the_record_uncommitted(
+    harness, cluster, wait_until
+):
+    cluster.create_topic("t")
+    calls: list[bytes] = []
+    pc = harness.make(Options(max_retries=0, commit_interval=0.01))
+
+    @pc.poll
+    def handle(ctx: PollContext) -> None:
+        calls.append(ctx.value)
+        raise ValueError("poison")
+
+    producer = harness.producers[0]
+    producer.hold.set()
+    cluster.produce("t", b"poison", key=b"a")
+    wait_until(lambda: len(cluster.records("t.dlq")) == 1)
+    try:
+        # When the consumer closes (draining) and the acknowledgement never comes in time
+        pc.close(drain=True, timeout=0.3)
+    finally:
+        producer.hold.clear()
+    # Then the record is not committed: its next owner runs it again
+    assert (_committed(cluster) or 0) == 0
+    assert pc.statistics().records_dead_lettered == 0
