@@ -122,6 +122,11 @@ class PollContext(Sequence[RecordContext]):
         raise ValueError(f"{record!r} is not a record of this call ({self!r})")
 
     @property
+    def has_failures(self) -> bool:
+        """:meth:`fail` was called (cheap: runners ask after every call)."""
+        return bool(self._failed)
+
+    @property
     def failures(self) -> dict[int, BaseException]:
         """What :meth:`fail` recorded: the index of each failed record -> its exception."""
         return dict(self._failed)

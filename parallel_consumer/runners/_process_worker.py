@@ -227,7 +227,11 @@ def worker_main(handler_bytes: bytes, tasks: Connection, results: Connection) ->
             value = handler(context)
         except BaseException as exc:  # SystemExit too: it fails the call, not the worker
             error = portable_error(exc)
-        failures = {i: portable_error(e) for i, e in context.failures.items()}
+        failures = (
+            {i: portable_error(e) for i, e in context.failures.items()}
+            if context.has_failures
+            else {}
+        )
         if not finished:
             oldest = time.monotonic()
         finished.append((batch, value, error, failures))

@@ -208,7 +208,7 @@ class AsyncioRunner:
             value, error = task.result()
         self._hooks.on_call_end(batch, context, error)
         assert self._done is not None
-        partial = error is None and bool(context.failures)
+        partial = error is None and context.has_failures
         self._done(
             WorkDone(batch, context.outcomes(error), value, self._clock.monotonic(), partial)
         )

@@ -113,7 +113,7 @@ class ThreadRunner:
                 log.error("handler raised %r; treating it as a failure of the call", exc)
                 error = exc
             hooks.on_call_end(batch, context, error)
-            partial = error is None and bool(context.failures)
+            partial = error is None and context.has_failures
             done(WorkDone(batch, context.outcomes(error), value, monotonic(), partial))
 
     def __repr__(self) -> str:
