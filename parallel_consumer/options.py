@@ -13,7 +13,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from parallel_consumer.errors import ConfigurationError, DeadLetter, Retry, Skip
+from parallel_consumer._failure_options import (
+    OnExhausted,
+    checked_failure_settings,
+    dead_lettering,
+)
+from parallel_consumer.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from parallel_consumer.context import RecordContext
@@ -82,19 +87,6 @@ _RUNNER_ALIASES = {
     "process": RunnerKind.PROCESS,
     "processes": RunnerKind.PROCESS,
 }
-
-
-class OnExhausted(enum.Enum):
-    """What happens to a record whose retries are exhausted (``Options.max_retries`` failed
-    retries, or an exception listed in ``Options.non_retryable``). See
-    docs/failure-handling.md."""
-
-    #: Write it to the dead-letter topic; its offset commits once the broker acknowledged it.
-    DEAD_LETTER = "dead_letter"
-    #: Mark it done without further processing (logged at WARNING; committed).
-    SKIP = "skip"
-    #: Stop the consumer (``pc.failure`` is a RetriesExhausted); nothing commits at or past it.
-    STOP = "stop"
 
 
 class InvalidMetadataPolicy(enum.Enum):
@@ -250,7 +242,9 @@ class Options:
                 "Options.retry_delay_provider must be a callable taking a RecordContext, "
                 f"got {self.retry_delay_provider!r}"
             )
-        self._check_failure_handling()
+        policy, non_retryable = checked_failure_settings(self)
+        setattr_(self, "on_retries_exhausted", policy)
+        setattr_(self, "non_retryable", non_retryable)
         in_flight = self.max_concurrency * self.batch_size
         if self.max_buffered_records is None:
             setattr_(self, "max_buffered_records", max(10_000, 4 * in_flight))
@@ -270,63 +264,13 @@ class Options:
         if not isinstance(self.name, str) or not self.name:
             raise ConfigurationError(f"Options.name must be a non-empty string, got {self.name!r}")
 
-    def _check_failure_handling(self) -> None:
-        if self.max_retries is not None and (
-            not isinstance(self.max_retries, int)
-            or isinstance(self.max_retries, bool)
-            or self.max_retries < 0
-        ):
-            raise ConfigurationError(
-                f"Options.max_retries must be an int >= 0 (0: give up at the first failure) or "
-                f"None (retry forever), got {self.max_retries!r}"
-            )
-        object.__setattr__(
-            self,
-            "on_retries_exhausted",
-            _member("on_retries_exhausted", OnExhausted, self.on_retries_exhausted),
-        )
-        callback = self.retries_exhausted_callback
-        if callback is not None and not callable(callback):
-            raise ConfigurationError(
-                "Options.retries_exhausted_callback must be a callable taking (RecordContext, "
-                f"exception), got {callback!r}"
-            )
-        kinds = self.non_retryable
-        if isinstance(kinds, type):
-            kinds = (kinds,)
-        if not isinstance(kinds, tuple | list | frozenset | set):
-            raise ConfigurationError(
-                f"Options.non_retryable must be a tuple of exception types, got {kinds!r}"
-            )
-        for kind in kinds:
-            if not isinstance(kind, type) or not issubclass(kind, BaseException):
-                raise ConfigurationError(
-                    f"Options.non_retryable must hold exception types (classes), got {kind!r}"
-                )
-            if issubclass(kind, Retry | Skip | DeadLetter):
-                raise ConfigurationError(
-                    f"Options.non_retryable lists {kind.__name__}, a control signal with its "
-                    "own meaning (Retry retries, Skip skips, DeadLetter dead-letters); remove it"
-                )
-        object.__setattr__(self, "non_retryable", tuple(kinds))
-        topic = self.dead_letter_topic
-        if topic is not None and (not isinstance(topic, str) or not topic or topic.startswith("^")):
-            raise ConfigurationError(
-                "Options.dead_letter_topic must be a topic name (not a regex), or None for "
-                f"'<topic>.dlq' per input topic, got {topic!r}"
-            )
-
     @property
     def dead_lettering(self) -> bool:
         """Records may be dead-lettered: ``dead_letter_topic`` is set, or
         ``on_retries_exhausted`` is DEAD_LETTER and retries can be exhausted (``max_retries``
         or ``non_retryable`` set). Then the library's producer is created and the dead-letter
         topics are checked (or created) at start."""
-        if self.dead_letter_topic is not None:
-            return True
-        return self.on_retries_exhausted is OnExhausted.DEAD_LETTER and (
-            self.max_retries is not None or bool(self.non_retryable)
-        )
+        return dead_lettering(self)
 
     @property
     def commit_every(self) -> float:
