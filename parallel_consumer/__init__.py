@@ -9,30 +9,37 @@ from parallel_consumer.consumer import ParallelConsumer
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.errors import (
     ConfigurationError,
+    DeadLetter,
     InternalError,
     ParallelConsumerError,
     ProduceError,
+    RetriesExhausted,
     Retry,
+    Skip,
 )
 from parallel_consumer.hooks import Hooks, NoHooks, StallReport
 from parallel_consumer.options import (
     CommitMode,
     InvalidMetadataPolicy,
+    OnExhausted,
     Options,
     ProcessingOrder,
     RunnerKind,
 )
 from parallel_consumer.produce import ProduceResult, ProducerRecord
+from parallel_consumer.retry import exponential_backoff
 from parallel_consumer.status import Lifecycle, PartitionSnapshot, PollerStatistics, Statistics
 
 __all__ = [
     "CommitMode",
     "ConfigurationError",
+    "DeadLetter",
     "Hooks",
     "InternalError",
     "InvalidMetadataPolicy",
     "Lifecycle",
     "NoHooks",
+    "OnExhausted",
     "Options",
     "ParallelConsumer",
     "ParallelConsumerError",
@@ -44,8 +51,11 @@ __all__ = [
     "ProduceResult",
     "ProducerRecord",
     "RecordContext",
+    "RetriesExhausted",
     "Retry",
     "RunnerKind",
+    "Skip",
     "StallReport",
     "Statistics",
+    "exponential_backoff",
 ]

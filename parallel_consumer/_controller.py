@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from parallel_consumer._clock import Clock
 from parallel_consumer._closing import STOP_TIMEOUT, Closing, Step
+from parallel_consumer._dead_letters import DeadLetters, Letter
 from parallel_consumer._events import (
     CommitResult,
     Control,
@@ -44,7 +45,7 @@ from parallel_consumer._events import (
 from parallel_consumer._producer import Outputs
 from parallel_consumer.commit import Committer
 from parallel_consumer.context import PollContext, RecordContext
-from parallel_consumer.errors import InternalError, Retry
+from parallel_consumer.errors import DeadLetter, InternalError, RetriesExhausted, Retry, Skip
 from parallel_consumer.hooks import Hooks, NoHooks, StallReport
 from parallel_consumer.options import InvalidMetadataPolicy, Options, ProcessingOrder
 from parallel_consumer.produce import ProduceError, ProduceResult, outputs_of
@@ -57,7 +58,14 @@ from parallel_consumer.work.counters import Counters
 from parallel_consumer.work.credit import credit_chunk
 from parallel_consumer.work.inflight import Batch, InFlight
 from parallel_consumer.work.item import TopicPartition, WorkItem
-from parallel_consumer.work.outcomes import RetryAt, decide
+from parallel_consumer.work.outcomes import (
+    DeadLetterNow,
+    Decision,
+    RetryAt,
+    SkipNow,
+    StopNow,
+    decide,
+)
 from parallel_consumer.work.outputs import Pending, PendingOutputs, TransactionGate
 from parallel_consumer.work.partitions import PartitionState, restored_state
 from parallel_consumer.work.shards import ShardMap, shard_key_for
@@ -141,7 +149,9 @@ class Controller:
         #: Transactional mode: the failures of records not yet finished, by (tp, offset). An
         #: aborted transaction rewinds their partitions; the records come again and keep
         #: their attempts (a failed output aborts the transaction it was sent in).
-        self._history: dict[tuple[TopicPartition, int], tuple[int, BaseException, Any]] = {}
+        self._history: dict[tuple[TopicPartition, int], tuple[int, BaseException, Any, Any]] = {}
+        #: Dead letters being written or waiting to be written again (None: dead-lettering off).
+        self._letters: DeadLetters | None = None
 
     # -- other threads ------------------------------------------------------------------------
 
@@ -157,16 +167,21 @@ class Controller:
         thread: bool = True,
         outputs: Outputs | None = None,
         on_produced: Callable[[ProduceResult], object] | None = None,
+        produces: bool = True,
+        dead_letters: DeadLetters | None = None,
     ) -> None:
         """Start the runner and (unless ``thread=False``, for tests stepping with
         :meth:`run_once`) the controller thread. ``runner`` replaces the one given at
         construction (the facade picks the runner once it sees the handler). With ``outputs``
         the handler's return values are outputs to produce (``poll_and_produce``);
-        ``on_produced`` sees each delivered one."""
+        ``on_produced`` sees each delivered one. With ``dead_letters``, failed records may be
+        dead-lettered through ``outputs`` (then ``produces=False`` for a ``poll`` handler, whose
+        return values are not outputs)."""
         if runner is not None:
             self._runner = runner
         self._outputs = outputs
-        self._produces = outputs is not None
+        self._produces = outputs is not None and produces
+        self._letters = dead_letters
         self._on_produced = on_produced
         if outputs is not None and outputs.transactional:
             self._gate = TransactionGate()
@@ -195,7 +210,7 @@ class Controller:
                 pass
         except BaseException as exc:
             log.error("controller failed", exc_info=True)
-            if isinstance(exc, InternalError):
+            if isinstance(exc, InternalError | RetriesExhausted):
                 self._failure = exc
             else:
                 self._failure = InternalError(f"the controller failed: {exc!r}")
@@ -358,7 +373,7 @@ class Controller:
         for item in items:
             past = history.get((tp, item.offset))
             if past is not None:
-                item.attempts, item.last_failure, item.last_failure_at = past
+                item.attempts, item.last_failure, item.last_failure_at, item.first_failure_at = past
 
     def _on_assigned(self, event: PartitionsAssigned) -> None:
         fail = self._options.invalid_metadata_policy is InvalidMetadataPolicy.FAIL
@@ -413,6 +428,8 @@ class Controller:
             return
         self._to_release += self._shards.remove_partition(tp)
         self._to_release += self._retries.forget(tp)
+        if self._letters is not None:
+            self._letters.forget(tp)
         self._commits.forget(tp)
         # Its records in flight (or whose outputs are on their way) come back as stale results
         # and return their credit then; until they do, their lanes stay busy for the
@@ -460,14 +477,16 @@ class Controller:
             return  # taken back from the runner on close
         self._hooks.on_work_done(batch.id, event.errors, event.finished_at - batch.started_at)
         errors = event.errors
-        if self._produces and not any(errors):
+        if self._produces and (event.partial or not any(errors)):
+            # Outputs belong to the call: a record it failed with PollContext.fail is retried
+            # (or dead-lettered) on its own, once the call's outputs are acknowledged.
             try:
                 outputs = outputs_of(event.value)
             except TypeError as exc:
                 errors = (exc,) * len(batch.items)
             else:
                 if outputs:
-                    pending = Pending(batch, outputs)
+                    pending = Pending(batch, outputs, errors if event.partial else None)
                     if self._gate is None or self._gate.open:
                         self._send_outputs(pending)
                     else:
@@ -478,10 +497,14 @@ class Controller:
     def _settle(
         self, batch: Batch, errors: Sequence[BaseException | None], finished_at: float
     ) -> None:
-        """Carry out the outcome of each record of a finished call."""
+        """Carry out the outcome of each record of a finished call (or, for a negative batch
+        id, of a dead letter's write)."""
+        if batch.id < 0:
+            self._dead_letter_settled(batch, errors[0], finished_at)
+            return
         partitions = self._partitions
         counters = self._counters
-        blocked = self._commits.blocked
+        hooks = self._hooks
         for item, error in zip(batch.items, errors, strict=True):
             state = partitions.get(item.tp)
             if state is None or state.epoch != item.epoch:
@@ -491,16 +514,21 @@ class Controller:
                 continue
             if error is None:
                 counters.succeeded += 1
-                self._to_release += 1
-                state.succeeded(item.offset)
-                if item.attempts and self._history:
-                    self._history.pop((item.tp, item.offset), None)
-                self._shards.finished(item)
-                if blocked and item.tp in blocked:
-                    self._commits.after_success(state)
+                self._finish(item, state)
+                hooks.on_success(_context_of(item))
             else:
-                counters.failed += 1
                 self._failed(item, error, finished_at)
+
+    def _finish(self, item: WorkItem, state: PartitionState) -> None:
+        """``item`` is done (processed, skipped or dead-lettered): its offset may commit."""
+        self._to_release += 1
+        state.succeeded(item.offset)
+        if item.attempts and self._history:
+            self._history.pop((item.tp, item.offset), None)
+        self._shards.finished(item)
+        blocked = self._commits.blocked
+        if blocked and item.tp in blocked:
+            self._commits.after_success(state)
 
     # -- outputs (poll_and_produce) ---------------------------------------------------------------
 
@@ -519,7 +547,8 @@ class Controller:
         self._pending.sending(pending)
         if self._gate is not None:
             self._gate.outputs += len(pending.outputs)
-        self._counters.outputs_sent += len(pending.outputs)
+        if pending.batch.id > 0:  # (dead letters are counted apart)
+            self._counters.outputs_sent += len(pending.outputs)
         self._outputs.send(pending.batch.id, pending.outputs)
 
     def _on_delivered(self, event: OutputsDelivered) -> None:
@@ -538,6 +567,11 @@ class Controller:
             return
         batch = pending.batch
         failures = [r for r in results if isinstance(r, BaseException)]
+        if batch.id < 0:  # a dead letter
+            if failures and self._gate is not None:
+                self._gate.abort_soon()  # the transaction must not commit without it
+            self._settle(batch, (failures[0] if failures else None,), now)
+            return
         if failures:
             failure = failures[0]
             self._counters.outputs_failed += len(failures)
@@ -551,7 +585,7 @@ class Controller:
         self._counters.outputs_acknowledged += len(pending.outputs)
         if self._on_produced is not None:
             self._report_produced(pending, results)
-        self._settle(batch, (None,) * len(batch.items), now)
+        self._settle(batch, pending.errors or (None,) * len(batch.items), now)
 
     def _report_produced(
         self, pending: Pending, results: Sequence[tuple[int, int] | BaseException | None]
@@ -606,14 +640,30 @@ class Controller:
                 self._send_outputs(pending)
 
     def _failed(self, item: WorkItem, error: BaseException, finished_at: float) -> None:
+        if isinstance(error, Skip | DeadLetter):
+            # The handler decided: not a failed attempt (the dead letter's attempt count and
+            # the record's history stay as they were).
+            self._give_up(item, error, decide(error, _context_of(item), finished_at, self._options))
+            return
+        self._counters.failed += 1
         item.attempts += 1
         item.last_failure = error
         item.last_failure_at = self._clock.now()
+        if item.first_failure_at is None:
+            item.first_failure_at = item.last_failure_at
         if self._gate is not None:
-            self._history[(item.tp, item.offset)] = (item.attempts, error, item.last_failure_at)
+            self._history[(item.tp, item.offset)] = (
+                item.attempts,
+                error,
+                item.last_failure_at,
+                item.first_failure_at,
+            )
         record = RecordContext(item.message, item.attempts, error, item.last_failure_at)
+        self._hooks.on_failure(record, error)
         decision = decide(error, record, finished_at, self._options)
-        assert isinstance(decision, RetryAt)
+        if not isinstance(decision, RetryAt):
+            self._give_up(item, error, decision)
+            return
         if isinstance(error, Retry):
             level = logging.DEBUG
         else:
@@ -628,16 +678,108 @@ class Controller:
             decision.delay,
             error,
         )
+        self._hooks.on_retry(record, error, decision.delay)
         self._shards.retry_later(item)
         self._retries.push(item, decision.due)
 
+    def _give_up(self, item: WorkItem, error: BaseException, decision: Decision) -> None:
+        """Carry out a decision other than a retry for a record that just failed."""
+        if getattr(decision, "exhausted", False):
+            self._counters.retries_exhausted += 1
+        if isinstance(decision, SkipNow):
+            log.log(
+                logging.INFO if isinstance(error, Skip) else logging.WARNING,
+                "%s[%d]@%d skipped after %d failed attempts (%s): %r",
+                *item.tp,
+                item.offset,
+                item.attempts,
+                decision.reason,
+                error,
+            )
+            state = self._partitions[item.tp]
+            self._counters.skipped_on_failure += 1
+            self._finish(item, state)
+            self._hooks.on_skip(_context_of(item), error, decision.reason)
+        elif isinstance(decision, DeadLetterNow):
+            self._shards.retry_later(item)  # its lane stays busy until the letter is written
+            if isinstance(error, DeadLetter) and error.__cause__ is not None:
+                error = error.__cause__  # `raise DeadLetter(...) from exc`: the headers name exc
+            self._dead_letter_now(item, error, decision.reason)
+        else:
+            assert isinstance(decision, StopNow)
+            raise RetriesExhausted(decision.message) from error
+
+    def _dead_letter_now(self, item: WorkItem, error: BaseException | None, reason: str) -> None:
+        """Write ``item`` to its dead-letter topic now; its offset commits once the broker
+        acknowledged the dead letter (in the transactional mode: in the transaction that
+        commits the offset). The seam for policies that give up on a record (``decide``, and
+        ``on_stall=DEAD_LETTER``).
+
+        Contract: controller thread only; ``item`` belongs to the current assignment and is not
+        in the runner: it has just failed, or it waits for its retry (it is taken out of the
+        retry queue here). Its lane stays busy until the letter is written (KEY/PARTITION order
+        holds in the dead-letter topic too). ``reason`` is a ``dead_letter.Reason`` value. With
+        dead-lettering off this raises :class:`RetriesExhausted` (the consumer stops). A write
+        that fails leaves the record uncommitted and is tried again (``dead_letter_failures``).
+        A record whose dead letter is already on its way is left alone (no second write).
+        """
+        self._assert_owner()
+        letters = self._letters
+        if letters is None or self._outputs is None:
+            raise RetriesExhausted(
+                f"{item.tp[0]}[{item.tp[1]}]@{item.offset} is to be dead-lettered ({reason}) "
+                "but dead-lettering is off; set Options.dead_letter_topic"
+            ) from error
+        if letters.sending_for(item):
+            return
+        self._retries.remove(item)
+        letters.take_waiting(item)  # a letter waiting to be written again is replaced
+        self._send_dead_letter(Letter(item, error, reason))
+
+    def _send_dead_letter(self, letter: Letter) -> None:
+        assert self._letters is not None
+        batch, record = self._letters.start(letter, self._clock.monotonic())
+        pending = Pending(batch, [record])
+        if self._gate is None or self._gate.open:
+            self._send_outputs(pending)
+        else:
+            self._pending.queue(pending)
+
+    def _dead_letter_settled(
+        self, batch: Batch, error: BaseException | None, finished_at: float
+    ) -> None:
+        assert self._letters is not None
+        letter = self._letters.settled(batch.id)
+        item = batch.items[0]
+        state = self._partitions.get(item.tp)
+        if letter is None or state is None or state.epoch != item.epoch:
+            # Revoked meanwhile: nothing commits for it here; its next owner runs it again
+            # and may write a second dead letter (at-least-once).
+            self._counters.stale += 1
+            self._to_release += 1
+            self._shards.stale_done(item)
+            return
+        if error is None:
+            self._counters.dead_lettered += 1
+            self._letters.written(letter)
+            self._finish(item, state)
+            self._hooks.on_dead_letter(_context_of(item), letter.error, letter.reason)
+        else:
+            self._counters.dead_letter_failures += 1
+            self._retries.push(item, finished_at + self._letters.failed(letter, error))
+
     def _release_due_retries(self, now: float) -> None:
+        letters = self._letters
         for item in self._retries.pop_due(now):
             state = self._partitions.get(item.tp)
             if state is None or state.epoch != item.epoch:  # pragma: no cover - forgotten
                 self._to_release += 1
                 continue
-            self._shards.retry_now(item)
+            letter = letters.take_waiting(item) if letters is not None else None
+            if letter is not None:
+                self._send_dead_letter(letter)
+            else:
+                self._shards.retry_now(item)
 
     # -- commits ------------------------------------------------------------------------------
 
@@ -866,3 +1008,7 @@ class Controller:
             f"waiting={self._shards.waiting} in_flight={self._in_flight.records} "
             f"retries={len(self._retries)}>"
         )
+
+
+def _context_of(item: WorkItem) -> RecordContext:
+    return RecordContext(item.message, item.attempts, item.last_failure, item.last_failure_at)

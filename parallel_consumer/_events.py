@@ -122,13 +122,16 @@ class WorkDone:
 
     ``errors`` holds one outcome per record of the batch, in the batch's order: None where the
     record succeeded, the exception where it failed (a call that raised fails every record).
-    ``value`` is what the handler returned (None when it raised).
+    ``value`` is what the handler returned (None when it raised). ``partial``: the handler
+    returned but failed some records with ``PollContext.fail`` (its value still counts:
+    ``poll_and_produce`` outputs are sent).
     """
 
     batch: int
     errors: Sequence[BaseException | None]
     value: object
     finished_at: float  # clock.monotonic() when the call ended
+    partial: bool = False
 
 
 # -- producer -> controller -------------------------------------------------------------------

@@ -18,10 +18,12 @@ from types import TracebackType
 from typing import Any, TypeVar, overload
 
 from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
 
 from parallel_consumer._clock import Clock, SystemClock
 from parallel_consumer._closing import FINAL_COMMIT_TIMEOUT, STOP_TIMEOUT
 from parallel_consumer._controller import Controller
+from parallel_consumer._dead_letters import DeadLetters, dead_letter_topics, prepare_topics
 from parallel_consumer._poller import Poller, RebalanceCallback
 from parallel_consumer._producer import Outputs
 from parallel_consumer.commit import Committer, ConsumerCommitter, TransactionalCommitter
@@ -144,7 +146,8 @@ class ParallelConsumer:
     consumer's ``bootstrap.servers``, idempotent); in the transactional commit mode it must
     hold a ``transactional.id`` prefix. ``hooks`` receives engine events for metrics and
     tracing (see :class:`~parallel_consumer.hooks.Hooks`). ``clock``, ``consumer_factory`` and
-    ``producer_factory`` are for tests (see :mod:`parallel_consumer.testing`).
+    ``producer_factory`` are for tests (see :mod:`parallel_consumer.testing`), as is
+    ``admin_factory`` (the admin client that checks or creates dead-letter topics).
     """
 
     def __init__(
@@ -157,6 +160,7 @@ class ParallelConsumer:
         clock: Clock | None = None,
         consumer_factory: Callable[[dict[str, Any]], Any] | None = None,
         producer_factory: Callable[[dict[str, Any]], Any] | None = None,
+        admin_factory: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
         if options is None:
             options = Options()
@@ -170,6 +174,9 @@ class ParallelConsumer:
         self._options = options
         self._producer_config = _checked_producer_config(producer_config, config, options)
         self._producer_factory = producer_factory or Producer
+        self._admin_factory = admin_factory or AdminClient
+        self._group = str(config["group.id"])
+        self._topics: list[str] = []
         self._name = f"{options.name}-{next(_instances)}"
         self._clock = clock or SystemClock()
         self._subscribed = False
@@ -262,6 +269,7 @@ class ParallelConsumer:
                 raise ConfigurationError(f"rebalance callbacks must be callable, got {callback!r}")
         self._poller.subscribe(names, on_assign, on_revoke)
         self._subscribed = True
+        self._topics = names
 
     def poll(self, handler: F) -> F:
         """Register ``handler`` and start processing in the background; returns ``handler``.
@@ -331,9 +339,22 @@ class ParallelConsumer:
         if kind is not (self._options.runner or RunnerKind.THREADS):
             runner = self._make_runner(kind)  # an async def handler picked the asyncio runner
         outputs = None
-        if via == "poll_and_produce":
-            outputs = self._start_outputs()
-        self._controller.start(handler, runner=runner, outputs=outputs, on_produced=on_produced)
+        dead_letters = None
+        if self._options.dead_lettering:
+            # Before anything starts: a missing dead-letter topic is a configuration error.
+            topics = dead_letter_topics(self._options, self._topics)
+            prepare_topics(self._admin_factory, self._producer_config, topics)
+            dead_letters = DeadLetters(self._options, self._group)
+        if via == "poll_and_produce" or dead_letters is not None:
+            outputs = self._start_outputs()  # dead letters go through the library's producer
+        self._controller.start(
+            handler,
+            runner=runner,
+            outputs=outputs,
+            on_produced=on_produced,
+            produces=via == "poll_and_produce",
+            dead_letters=dead_letters,
+        )
         self._handler = handler
         self._poller.start()
 

@@ -86,12 +86,61 @@ class PollContext(Sequence[RecordContext]):
 
     Single-record shortcuts (``key``, ``value``, ``offset``, ...) read ``.record`` and raise
     ``ValueError`` when the context holds more than one record.
+
+    :meth:`fail` fails single records of a batch while the others succeed.
     """
 
-    __slots__ = ("_records",)
+    __slots__ = ("_failed", "_records")
 
     def __init__(self, records: Sequence[RecordContext]) -> None:
         self._records = tuple(records)
+        #: Index -> exception, set by fail() on the thread that runs the handler.
+        self._failed: dict[int, BaseException] = {}
+
+    def fail(self, record: RecordContext, error: BaseException) -> None:
+        """Fail one record of this call; the others succeed when the handler returns.
+
+        ``error`` is what the record failed with: any exception (retried, or given up on per
+        ``Options.max_retries`` / ``non_retryable``), or a signal (``Retry(delay=...)``,
+        ``Skip(...)``, ``DeadLetter(...)``). Failing a record twice keeps the last error. If the
+        handler raises anyway, the whole call fails with that exception.
+        """
+        if not isinstance(error, BaseException):
+            raise TypeError(f"PollContext.fail() needs an exception instance, got {error!r}")
+        for index, candidate in enumerate(self._records):
+            if candidate is record:
+                self._failed[index] = error
+                return
+        for index, candidate in enumerate(self._records):
+            if (candidate.topic, candidate.partition, candidate.offset) == (
+                record.topic,
+                record.partition,
+                record.offset,
+            ):
+                self._failed[index] = error
+                return
+        raise ValueError(f"{record!r} is not a record of this call ({self!r})")
+
+    @property
+    def has_failures(self) -> bool:
+        """:meth:`fail` was called (cheap: runners ask after every call)."""
+        return bool(self._failed)
+
+    @property
+    def failures(self) -> dict[int, BaseException]:
+        """What :meth:`fail` recorded: the index of each failed record -> its exception."""
+        return dict(self._failed)
+
+    def outcomes(self, error: BaseException | None) -> tuple[BaseException | None, ...]:
+        """One outcome per record for a call that raised ``error`` (every record fails with
+        it) or returned (``error`` None: the records passed to :meth:`fail` fail, the others
+        succeed). Runners report this."""
+        if error is not None:
+            return (error,) * len(self._records)
+        failed = self._failed
+        if not failed:
+            return (None,) * len(self._records)
+        return tuple(failed.get(index) for index in range(len(self._records)))
 
     @property
     def records(self) -> tuple[RecordContext, ...]:

@@ -10,10 +10,13 @@ from datetime import timedelta
 
 __all__ = [
     "ConfigurationError",
+    "DeadLetter",
     "InternalError",
     "ParallelConsumerError",
     "ProduceError",
+    "RetriesExhausted",
     "Retry",
+    "Skip",
 ]
 
 
@@ -53,3 +56,32 @@ class Retry(Exception):
         if delay is not None and delay < 0:
             raise ValueError(f"Retry(delay=...) must be >= 0, got {delay!r}")
         self.delay: float | None = None if delay is None else float(delay)
+
+
+class Skip(Exception):
+    """Raise from a handler (or pass to ``PollContext.fail``) to mark the record(s) done
+    without processing them: committed, never retried, never dead-lettered. Counted in
+    ``statistics().records_skipped_on_failure``; hooks see ``on_skip``."""
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class DeadLetter(Exception):
+    """Raise from a handler (or pass to ``PollContext.fail``) to send the record(s) to the
+    dead-letter topic now, without further retries. Needs dead-lettering to be on
+    (``Options.dead_lettering``); otherwise the consumer stops (see docs/failure-handling.md)."""
+
+    def __init__(self, reason: str = "", *, cause: BaseException | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        if cause is not None:
+            self.__cause__ = cause
+
+
+class RetriesExhausted(ParallelConsumerError):
+    """Stored in ``ParallelConsumer.failure`` (and re-raised by ``wait()``/``close()``) when a
+    record's failures hit ``OnExhausted.STOP``, or ``DeadLetter`` was raised with
+    dead-lettering off. The record's last error is its ``__cause__``; nothing was committed at
+    or past the record."""

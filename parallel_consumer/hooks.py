@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
-from parallel_consumer.context import PollContext
+from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.errors import ConfigurationError
 from parallel_consumer.work.commits import CommitAnswer
 from parallel_consumer.work.item import TopicPartition
@@ -58,6 +58,27 @@ class Hooks(Protocol):
     def on_stall(self, report: StallReport) -> None:
         """The engine found itself stalled (see :class:`StallReport`); it also logs a warning."""
 
+    # -- controller thread: one record's fate (docs/failure-handling.md#hooks) --
+    def on_success(self, record: RecordContext) -> None:
+        """``record`` is done after processing (its outputs acknowledged, for
+        ``poll_and_produce``). Not called for skipped or dead-lettered records."""
+
+    def on_failure(self, record: RecordContext, error: BaseException) -> None:
+        """An attempt of ``record`` failed with ``error`` (every failed attempt, signals
+        included); ``record.attempts`` counts this failure."""
+
+    def on_retry(self, record: RecordContext, error: BaseException, delay: float) -> None:
+        """``record`` will run again in ``delay`` seconds."""
+
+    def on_dead_letter(
+        self, record: RecordContext, error: BaseException | None, reason: str
+    ) -> None:
+        """``record``'s dead letter was acknowledged by the broker (``reason``: a
+        ``dead_letter.Reason`` value); its offset may now commit."""
+
+    def on_skip(self, record: RecordContext, error: BaseException | None, reason: str) -> None:
+        """``record`` was given up on without a dead letter (``Skip``, or the SKIP policy)."""
+
     # -- runner (the thread that calls the handler) --
     def on_call_start(self, batch: int, context: PollContext) -> None:
         """Just before the handler is called."""
@@ -84,6 +105,23 @@ class NoHooks:
         pass
 
     def on_stall(self, report: StallReport) -> None:
+        pass
+
+    def on_success(self, record: RecordContext) -> None:
+        pass
+
+    def on_failure(self, record: RecordContext, error: BaseException) -> None:
+        pass
+
+    def on_retry(self, record: RecordContext, error: BaseException, delay: float) -> None:
+        pass
+
+    def on_dead_letter(
+        self, record: RecordContext, error: BaseException | None, reason: str
+    ) -> None:
+        pass
+
+    def on_skip(self, record: RecordContext, error: BaseException | None, reason: str) -> None:
         pass
 
     def on_call_start(self, batch: int, context: PollContext) -> None:

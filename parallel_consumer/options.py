@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from parallel_consumer._failure_options import (
+    OnExhausted,
+    checked_failure_settings,
+    dead_lettering,
+)
 from parallel_consumer.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -21,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CommitMode",
     "InvalidMetadataPolicy",
+    "OnExhausted",
     "Options",
     "ProcessingOrder",
     "RunnerKind",
@@ -160,6 +166,25 @@ class Options:
     #: Called with the failed record's RecordContext (attempts already counted); returns the
     #: delay before the next attempt, as seconds or a timedelta.
     retry_delay_provider: Callable[[RecordContext], Duration] | None = None
+    #: Failed retries allowed after the first failed attempt; ``None`` (default) retries forever,
+    #: as the Java library does; ``0`` gives up at the first failure. A record's handler runs
+    #: at most ``max_retries + 1`` times before ``on_retries_exhausted`` applies.
+    max_retries: int | None = None
+    #: What to do with a record once its retries are exhausted (see :class:`OnExhausted`).
+    on_retries_exhausted: OnExhausted = OnExhausted.DEAD_LETTER
+    #: Optional: called (on the controller thread) with the RecordContext and the last error of
+    #: a record whose retries are exhausted; it may return an :class:`OnExhausted` for this
+    #: record, or None to apply ``on_retries_exhausted``. If it raises, the error is logged and
+    #: ``on_retries_exhausted`` applies.
+    retries_exhausted_callback: (
+        Callable[[RecordContext, BaseException], OnExhausted | None] | None
+    ) = None
+    #: Exception types that are not retried: a failure with one of them (or a subclass) goes
+    #: straight to ``on_retries_exhausted``.
+    non_retryable: tuple[type[BaseException], ...] = ()
+    #: The dead-letter topic of every input topic; ``None`` means ``<topic>.dlq`` per input
+    #: topic. Setting it turns dead-lettering on (see :attr:`dead_lettering`).
+    dead_letter_topic: str | None = None
     #: Upper bound on records held by the engine (buffered awaiting processing + in flight).
     #: ``None`` picks ``max(10_000, 4 * max_concurrency * batch_size)``.
     max_buffered_records: int | None = None
@@ -217,6 +242,9 @@ class Options:
                 "Options.retry_delay_provider must be a callable taking a RecordContext, "
                 f"got {self.retry_delay_provider!r}"
             )
+        policy, non_retryable = checked_failure_settings(self)
+        setattr_(self, "on_retries_exhausted", policy)
+        setattr_(self, "non_retryable", non_retryable)
         in_flight = self.max_concurrency * self.batch_size
         if self.max_buffered_records is None:
             setattr_(self, "max_buffered_records", max(10_000, 4 * in_flight))
@@ -235,6 +263,14 @@ class Options:
             )
         if not isinstance(self.name, str) or not self.name:
             raise ConfigurationError(f"Options.name must be a non-empty string, got {self.name!r}")
+
+    @property
+    def dead_lettering(self) -> bool:
+        """Records may be dead-lettered: ``dead_letter_topic`` is set, or
+        ``on_retries_exhausted`` is DEAD_LETTER and retries can be exhausted (``max_retries``
+        or ``non_retryable`` set). Then the library's producer is created and the dead-letter
+        topics are checked (or created) at start."""
+        return dead_lettering(self)
 
     @property
     def commit_every(self) -> float:

@@ -6,14 +6,17 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
+import random as _random
+from collections.abc import Callable
 from datetime import timedelta
 
 from parallel_consumer.context import RecordContext
-from parallel_consumer.errors import Retry
+from parallel_consumer.errors import ConfigurationError, Retry
 from parallel_consumer.options import Options
 from parallel_consumer.work.item import TopicPartition, WorkItem
 
-__all__ = ["RetryQueue", "retry_delay"]
+__all__ = ["RetryQueue", "backoff_delay", "exponential_backoff", "retry_delay"]
 
 log = logging.getLogger("parallel_consumer")
 
@@ -43,6 +46,102 @@ def retry_delay(options: Options, error: BaseException, record: RecordContext) -
     return seconds
 
 
+def backoff_delay(
+    attempts: int,
+    *,
+    initial: float,
+    multiplier: float,
+    maximum: float,
+    jitter: float,
+    draw: float,
+) -> float:
+    """Exponential backoff, pure: ``min(maximum, initial * multiplier ** (attempts - 1))``,
+    then reduced by up to ``jitter`` (a fraction) of itself: ``draw`` in [0, 1] picks how much.
+
+    The result lies in ``[base * (1 - jitter), base]``: never above ``maximum``, never below 0,
+    and with ``jitter=0`` exactly ``base``. ``attempts`` counts failures so far (1 after the
+    first); values below 1 are taken as 1.
+    """
+    exponent = max(attempts, 1) - 1
+    try:
+        base = initial * multiplier**exponent
+    except OverflowError:
+        base = maximum
+    base = min(base, maximum)
+    return base * (1.0 - jitter * min(max(draw, 0.0), 1.0))
+
+
+def _duration(name: str, value: object) -> float:
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if (
+        not isinstance(seconds, int | float)
+        or isinstance(seconds, bool)
+        or not math.isfinite(seconds)
+        or seconds < 0
+    ):
+        raise ConfigurationError(
+            f"exponential_backoff({name}=...) must be finite seconds >= 0 or a timedelta, "
+            f"got {value!r}"
+        )
+    return float(seconds)
+
+
+def exponential_backoff(
+    *,
+    initial: float | timedelta = 0.5,
+    multiplier: float = 2.0,
+    max: float | timedelta = 60.0,
+    jitter: float = 0.2,
+    random: Callable[[], float] | None = None,
+) -> Callable[[RecordContext], float]:
+    """A ready-made ``Options.retry_delay_provider``: ``initial`` after the first failure,
+    times ``multiplier`` after each further one, capped at ``max``, each delay shortened at
+    random by up to ``jitter`` (0 to 1) of itself so that records failing together spread out.
+
+    ``random`` returns floats in [0, 1) (default :func:`random.random`); tests pass a seeded
+    ``random.Random(...).random`` or a constant. See :func:`backoff_delay` for the maths.
+    """
+    first = _duration("initial", initial)
+    cap = _duration("max", max)
+    if cap < first:
+        raise ConfigurationError(f"exponential_backoff(max={max!r}) must be >= initial={initial!r}")
+    if (
+        not isinstance(multiplier, int | float)
+        or isinstance(multiplier, bool)
+        or not math.isfinite(multiplier)
+        or multiplier < 1
+    ):
+        raise ConfigurationError(
+            f"exponential_backoff(multiplier=...) must be a finite number >= 1, got {multiplier!r}"
+        )
+    if not isinstance(jitter, int | float) or isinstance(jitter, bool) or not 0 <= jitter <= 1:
+        raise ConfigurationError(
+            f"exponential_backoff(jitter=...) must be a fraction from 0 to 1, got {jitter!r}"
+        )
+    draw = random if random is not None else _random.random
+    if not callable(draw):
+        raise ConfigurationError(
+            f"exponential_backoff(random=...) must be a callable returning [0, 1), got {draw!r}"
+        )
+    factor = float(multiplier)
+    spread = float(jitter)
+
+    def provider(record: RecordContext) -> float:
+        return backoff_delay(
+            record.attempts,
+            initial=first,
+            multiplier=factor,
+            maximum=cap,
+            jitter=spread,
+            draw=draw() if spread else 0.0,
+        )
+
+    provider.__qualname__ = (
+        f"exponential_backoff(initial={first}, multiplier={factor}, max={cap}, jitter={spread})"
+    )
+    return provider
+
+
 class RetryQueue:
     """Failed records waiting for their retry delay: a heap by due time. Owned by the controller.
 
@@ -70,6 +169,16 @@ class RetryQueue:
             due.append(heapq.heappop(heap)[2])
         due.sort(key=lambda item: item.offset, reverse=True)
         return due
+
+    def remove(self, item: WorkItem) -> bool:
+        """Take ``item`` out of the queue (it is dead-lettered before its retry); False if it
+        was not waiting."""
+        kept = [entry for entry in self._heap if entry[2] is not item]
+        if len(kept) == len(self._heap):
+            return False
+        heapq.heapify(kept)
+        self._heap = kept
+        return True
 
     def forget(self, tp: TopicPartition) -> int:
         """Drop the records of a partition leaving the assignment; returns how many."""

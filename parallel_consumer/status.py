@@ -103,6 +103,15 @@ class Statistics:
     outputs_sent: int = 0
     outputs_acknowledged: int = 0
     outputs_failed: int = 0
+    #: Records written to their dead-letter topic (acknowledged by the broker).
+    records_dead_lettered: int = 0
+    #: Records given up on without a dead letter: ``Skip`` raised, or the SKIP policy.
+    records_skipped_on_failure: int = 0
+    #: Records whose retries were exhausted (``max_retries``, or a ``non_retryable`` error)
+    #: and to which ``on_retries_exhausted`` applied.
+    retries_exhausted: int = 0
+    #: Dead-letter writes that failed (the record stays uncommitted and is written again).
+    dead_letter_failures: int = 0
 
 
 def assemble_statistics(
@@ -152,4 +161,8 @@ def assemble_statistics(
         outputs_sent=counters.outputs_sent,
         outputs_acknowledged=counters.outputs_acknowledged,
         outputs_failed=counters.outputs_failed,
+        records_dead_lettered=counters.dead_lettered,
+        records_skipped_on_failure=counters.skipped_on_failure,
+        retries_exhausted=counters.retries_exhausted,
+        dead_letter_failures=counters.dead_letter_failures,
     )

@@ -8,7 +8,8 @@ that keeps its type name and message.
 
 Messages, parent -> worker: ``("calls", [(batch, (record tuple, ...)), ...])`` and ``("stop",)``.
 Worker -> parent: ``("ready", pid)``, ``("load_failed", text)`` and
-``("done", [(batch, value, error), ...])``.
+``("done", [(batch, value, error, failures), ...])``, where ``failures`` maps the index of
+each record the handler failed with ``PollContext.fail`` to its (portable) exception.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ __all__ = [
 #: A worker sends what it finished once nothing more is waiting for it, or once its oldest
 #: unsent result is this old (so a slow call does not hold back the results before it).
 FLUSH_AFTER = 0.005
+
+#: What a worker reports per call: batch, returned value, raised error, per-record failures.
+Finished = tuple[int, object, BaseException | None, dict[int, BaseException]]
 
 RecordTuple = tuple[str, int, int, Any, Any, Any, Any, int, BaseException | None, datetime | None]
 
@@ -204,7 +208,7 @@ def worker_main(handler_bytes: bytes, tasks: Connection, results: Connection) ->
         target=_receive, args=(tasks, inbox, stopping), name="pc-task-receiver", daemon=True
     )
     receiver.start()
-    finished: list[tuple[int, object, BaseException | None]] = []
+    finished: list[Finished] = []
     oldest = 0.0
     while True:
         if finished and (inbox.empty() or time.monotonic() - oldest >= FLUSH_AFTER):
@@ -223,9 +227,14 @@ def worker_main(handler_bytes: bytes, tasks: Connection, results: Connection) ->
             value = handler(context)
         except BaseException as exc:  # SystemExit too: it fails the call, not the worker
             error = portable_error(exc)
+        failures = (
+            {i: portable_error(e) for i, e in context.failures.items()}
+            if context.has_failures
+            else {}
+        )
         if not finished:
             oldest = time.monotonic()
-        finished.append((batch, value, error))
+        finished.append((batch, value, error, failures))
 
 
 def _receive(
@@ -246,9 +255,7 @@ def _receive(
     inbox.put(None)
 
 
-def _send_results(
-    results: Connection, finished: list[tuple[int, object, BaseException | None]]
-) -> None:
+def _send_results(results: Connection, finished: list[Finished]) -> None:
     try:
         results.send(("done", finished))
     except OSError:
@@ -259,10 +266,8 @@ def _send_results(
         results.send(("done", [_checked(item) for item in finished]))
 
 
-def _checked(
-    item: tuple[int, object, BaseException | None],
-) -> tuple[int, object, BaseException | None]:
-    batch, value, _ = item
+def _checked(item: Finished) -> Finished:
+    batch, value, _, failures = item
     try:
         pickle.dumps(value)
     except Exception as exc:
@@ -274,5 +279,6 @@ def _checked(
                 f"the handler returned a {_type_name(value)}, which cannot be pickled back from "
                 f"the worker process ({exc}); return None or picklable data",
             ),
+            failures,
         )
     return item

@@ -208,7 +208,10 @@ class AsyncioRunner:
             value, error = task.result()
         self._hooks.on_call_end(batch, context, error)
         assert self._done is not None
-        self._done(WorkDone(batch, (error,) * len(context), value, self._clock.monotonic()))
+        partial = error is None and context.has_failures
+        self._done(
+            WorkDone(batch, context.outcomes(error), value, self._clock.monotonic(), partial)
+        )
         if self._queued:
             self._fill()
 

@@ -272,12 +272,17 @@ class ProcessRunner:
             now = self._clock.monotonic()
             done = self._done
             assert done is not None
-            for batch, value, error in message[1]:
+            for batch, value, error, failures in message[1]:
                 context = worker.outstanding.pop(batch, None)
                 if context is None:  # pragma: no cover - already reported as failed
                     continue
                 self._hooks.on_call_end(batch, context, error)
-                done(WorkDone(batch, (error,) * len(context), value, now))
+                if error is None and failures:
+                    # Failed one by one with PollContext.fail in the worker process.
+                    errors = tuple(failures.get(i) for i in range(len(context)))
+                    done(WorkDone(batch, errors, value, now, True))
+                else:
+                    done(WorkDone(batch, (error,) * len(context), value, now))
         elif kind == "ready":
             worker.ready = True
         else:  # "load_failed": a replacement could not load the handler the first ones loaded

@@ -113,7 +113,8 @@ class ThreadRunner:
                 log.error("handler raised %r; treating it as a failure of the call", exc)
                 error = exc
             hooks.on_call_end(batch, context, error)
-            done(WorkDone(batch, (error,) * len(context), value, monotonic()))
+            partial = error is None and context.has_failures
+            done(WorkDone(batch, context.outcomes(error), value, monotonic(), partial))
 
     def __repr__(self) -> str:
         alive = sum(t.is_alive() for t in self._threads)

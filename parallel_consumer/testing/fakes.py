@@ -15,11 +15,13 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from types import SimpleNamespace
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-__all__ = ["FakeCluster", "FakeConsumer", "FakeProducer"]
+__all__ = ["FakeAdmin", "FakeCluster", "FakeConsumer", "FakeProducer"]
 
 TP = tuple[str, int]
 
@@ -32,12 +34,28 @@ class FakeCluster:
         self._logs: dict[str, list[list[Message]]] = {}
         self._commits: dict[tuple[str, TP], tuple[int, str | None]] = {}
         self._time_ms = 1_700_000_000_000
+        #: Set: an admin client's create_topics fails (as under a policy or an ACL).
+        self.refuse_topic_creation = False
 
     def create_topic(self, name: str, partitions: int = 1) -> None:
         with self._cond:
             if name in self._logs:
                 raise ValueError(f"topic {name!r} exists")
             self._logs[name] = [[] for _ in range(partitions)]
+
+    def delete_topic(self, name: str) -> None:
+        """Remove a topic and its records (producing to it fails until it is created again)."""
+        with self._cond:
+            del self._logs[name]
+
+    def records(self, topic: str) -> list[Message]:
+        """Every record of ``topic``, partition by partition."""
+        with self._cond:
+            return [m for log in self._logs[topic] for m in log]
+
+    def admin(self, config: dict[str, Any]) -> FakeAdmin:
+        """An admin client for ``ParallelConsumer(admin_factory=...)``."""
+        return FakeAdmin(self)
 
     def produce(
         self,
@@ -358,6 +376,41 @@ def _offset(message: Message) -> int:
     offset = message.offset()
     assert offset is not None
     return offset
+
+
+class FakeAdmin:
+    """The two admin calls the library makes (``list_topics`` and ``create_topics``)."""
+
+    def __init__(self, cluster: FakeCluster) -> None:
+        self._cluster = cluster
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        with self._cluster._cond:
+            topics = {
+                name: SimpleNamespace(
+                    topic=name, error=None, partitions={i: i for i in range(len(logs))}
+                )
+                for name, logs in self._cluster._logs.items()
+            }
+        return SimpleNamespace(topics=topics)
+
+    def create_topics(self, new_topics: list[Any], **_: Any) -> dict[str, Future[None]]:
+        out: dict[str, Future[None]] = {}
+        for new in new_topics:
+            future: Future[None] = Future()
+            if self._cluster.refuse_topic_creation:
+                error = KafkaError(KafkaError.POLICY_VIOLATION, "topic creation refused")
+                future.set_exception(KafkaException(error))
+            else:
+                try:
+                    self._cluster.create_topic(new.topic, max(new.num_partitions, 1))
+                except ValueError:
+                    error = KafkaError(KafkaError.TOPIC_ALREADY_EXISTS, "exists")
+                    future.set_exception(KafkaException(error))
+                else:
+                    future.set_result(None)
+            out[new.topic] = future
+        return out
 
 
 class FakeProducer:

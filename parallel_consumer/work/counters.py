@@ -29,3 +29,9 @@ class Counters:
     outputs_failed: int = 0
     #: Times the engine found records waiting with nothing running and nothing due.
     stalls: int = 0
+    #: Failure handling: dead letters acknowledged, records given up on without one (Skip or
+    #: the SKIP policy), exhaustion policies applied, dead-letter writes that failed.
+    dead_lettered: int = 0
+    skipped_on_failure: int = 0
+    retries_exhausted: int = 0
+    dead_letter_failures: int = 0

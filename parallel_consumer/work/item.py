@@ -21,6 +21,7 @@ class WorkItem:
     __slots__ = (
         "attempts",
         "epoch",
+        "first_failure_at",
         "in_flight",
         "last_failure",
         "last_failure_at",
@@ -40,6 +41,8 @@ class WorkItem:
         self.attempts = 0
         self.last_failure: BaseException | None = None
         self.last_failure_at: datetime | None = None
+        #: When the first failed attempt ended (UTC); for the dead letter's headers.
+        self.first_failure_at: datetime | None = None
         self.in_flight = False
 
     def __repr__(self) -> str:

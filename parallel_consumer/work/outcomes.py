@@ -1,19 +1,33 @@
 """What happens to a record after a handler call: a pure decision over its outcome.
 
-``decide`` is the one place that turns an outcome into the next state of a record. The
-failure-handling work extends it (max retries, dead letters, skip, stop) without touching the
-controller, which only carries out the decision.
+``decide`` is the one place that turns an outcome into the next state of a record: done, retry
+later, dead-letter now, skip now, or stop the consumer. The controller only carries the
+decision out. The table it implements is in docs/failure-handling.md.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from parallel_consumer.context import RecordContext
-from parallel_consumer.options import Options
+from parallel_consumer.dead_letter import Reason
+from parallel_consumer.errors import DeadLetter, Skip
+from parallel_consumer.options import OnExhausted, Options
 from parallel_consumer.retry import retry_delay
 
-__all__ = ["Decision", "RetryAt", "Succeeded", "decide"]
+__all__ = [
+    "DeadLetterNow",
+    "Decision",
+    "RetryAt",
+    "SkipNow",
+    "StopNow",
+    "Succeeded",
+    "decide",
+    "exhausted_decision",
+]
+
+log = logging.getLogger("parallel_consumer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +43,33 @@ class RetryAt:
     delay: float
 
 
-Decision = Succeeded | RetryAt
+@dataclass(frozen=True, slots=True)
+class DeadLetterNow:
+    """Write the record to its dead-letter topic; it is done once the broker acknowledged.
+    ``reason`` is a :class:`~parallel_consumer.dead_letter.Reason` value."""
+
+    reason: str
+    #: The policy for exhausted retries chose this (counts in ``retries_exhausted``).
+    exhausted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SkipNow:
+    """Mark the record done without processing it further."""
+
+    reason: str
+    exhausted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StopNow:
+    """Stop the consumer; nothing commits at or past the record. ``message`` says why."""
+
+    message: str
+    exhausted: bool = False
+
+
+Decision = Succeeded | RetryAt | DeadLetterNow | SkipNow | StopNow
 
 SUCCEEDED = Succeeded()
 
@@ -39,10 +79,71 @@ def decide(
 ) -> Decision:
     """The next step for a record whose call ended at ``finished_at`` with ``error``.
 
-    ``record`` describes the attempt that just failed (``attempts`` already counts it); the
-    delay comes from :func:`~parallel_consumer.retry.retry_delay`.
+    ``record`` describes the attempt that just failed (``attempts`` already counts it). In
+    order: no error is success; ``Skip`` skips; ``DeadLetter`` dead-letters (or stops when
+    dead-lettering is off); a ``non_retryable`` type, or more than ``max_retries`` failed
+    retries, applies the exhaustion policy; anything else retries after
+    :func:`~parallel_consumer.retry.retry_delay`.
     """
     if error is None:
         return SUCCEEDED
+    if isinstance(error, Skip):
+        return SkipNow(error.reason or "Skip raised by the handler")
+    if isinstance(error, DeadLetter):
+        return _dead_letter_or_stop(Reason.DEAD_LETTER, options, exhausted=False)
+    if options.non_retryable and isinstance(error, options.non_retryable):
+        return exhausted_decision(Reason.NON_RETRYABLE, error, record, options)
+    if options.max_retries is not None and record.attempts > options.max_retries:
+        return exhausted_decision(Reason.RETRIES_EXHAUSTED, error, record, options)
     delay = retry_delay(options, error, record)
     return RetryAt(finished_at + delay, delay)
+
+
+def exhausted_decision(
+    reason: str, error: BaseException, record: RecordContext, options: Options
+) -> DeadLetterNow | SkipNow | StopNow:
+    """``Options.on_retries_exhausted`` (or what ``retries_exhausted_callback`` returns for
+    this record) as a decision."""
+    policy = options.on_retries_exhausted
+    callback = options.retries_exhausted_callback
+    if callback is not None:
+        try:
+            chosen = callback(record, error)
+        except Exception:
+            log.warning(
+                "retries_exhausted_callback failed; applying on_retries_exhausted=%s",
+                policy.name,
+                exc_info=True,
+            )
+        else:
+            if isinstance(chosen, OnExhausted):
+                policy = chosen
+            elif chosen is not None:
+                log.warning(
+                    "retries_exhausted_callback returned %r (not an OnExhausted or None); "
+                    "applying on_retries_exhausted=%s",
+                    chosen,
+                    policy.name,
+                )
+    if policy is OnExhausted.SKIP:
+        return SkipNow(f"skipped ({reason})", exhausted=True)
+    if policy is OnExhausted.STOP:
+        return StopNow(
+            f"{record.topic}[{record.partition}]@{record.offset} failed for good ({reason}, "
+            f"{record.attempts} failed attempts) and on_retries_exhausted is STOP: {error!r}",
+            exhausted=True,
+        )
+    return _dead_letter_or_stop(reason, options, exhausted=True)
+
+
+def _dead_letter_or_stop(
+    reason: str, options: Options, *, exhausted: bool
+) -> DeadLetterNow | StopNow:
+    if options.dead_lettering:
+        return DeadLetterNow(reason, exhausted=exhausted)
+    return StopNow(
+        f"a record is to be dead-lettered ({reason}) but dead-lettering is off: set "
+        "Options.dead_letter_topic (or max_retries / non_retryable with "
+        "on_retries_exhausted=DEAD_LETTER) so that a dead-letter topic is prepared at start",
+        exhausted=exhausted,
+    )

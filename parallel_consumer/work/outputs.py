@@ -9,7 +9,7 @@ committed transaction without its input's offset.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from parallel_consumer.produce import ProducerRecord
@@ -22,6 +22,9 @@ __all__ = ["Pending", "PendingOutputs", "TransactionGate"]
 class Pending:
     batch: Batch
     outputs: list[ProducerRecord]
+    #: The call failed some records with ``PollContext.fail``: their outcomes once the
+    #: outputs are acknowledged (None: every record succeeds then).
+    errors: Sequence[BaseException | None] | None = None
 
 
 class PendingOutputs:

@@ -1,7 +1,9 @@
 """A hypothesis state machine over the real controller, stepped by hand (no threads).
 
 Rules: poll, complete ok, fail, revoke, assign, let the poller run its commands, advance the
-clock. The model keeps the log, what succeeded (non-stale results only) and what the group
+clock, and acknowledge or fail a dead letter (a record's second failure, or a KeyError, which
+is non-retryable, dead-letters it). The
+model keeps the log, what succeeded (non-stale results only) and what the group
 committed; it plays the poller's part as the real one does: it takes credit for every record it
 hands over and gives it back on ``Release``, runs commands (commits) only when the poller would,
 in order, and drops commits of partitions it no longer holds in that epoch. The invariants are
@@ -22,9 +24,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from parallel_consumer._controller import Controller
+from parallel_consumer._dead_letters import DeadLetters
 from parallel_consumer._events import (
     Assignment,
     Commit,
+    OutputsDelivered,
     PartitionsAssigned,
     PartitionsRevoked,
     PollerCommand,
@@ -34,6 +38,8 @@ from parallel_consumer._events import (
 )
 from parallel_consumer.commit import ConsumerCommitter
 from parallel_consumer.context import PollContext
+from parallel_consumer.dead_letter import read_dead_letter
+from parallel_consumer.errors import ProduceError
 from parallel_consumer.offsets import decode_offset_map
 from parallel_consumer.options import Options, ProcessingOrder
 from parallel_consumer.status import PollerStatistics
@@ -71,6 +77,31 @@ class FakeRunner:
         return True
 
 
+class FakeOutputs:
+    """The library's producer, for dead letters: sends wait until a rule settles them."""
+
+    transactional = False
+    backlog = False
+
+    def __init__(self, epoch_of: Callable[[tuple[str, int]], int | None]) -> None:
+        self._epoch_of = epoch_of
+        #: Dead letters sent and not yet settled: (batch id, (tp, offset), epoch when sent).
+        self.sent: list[tuple[int, tuple[str, int], int, int | None]] = []
+
+    def send(self, batch: int, outputs: list[Any]) -> None:
+        [record] = outputs
+        info = read_dead_letter(record.headers)
+        assert info is not None
+        tp = (info.topic, info.partition)
+        self.sent.append((batch, tp, info.offset, self._epoch_of(tp)))
+
+    def pump(self) -> None:
+        pass
+
+    def close(self, *, abort: bool) -> None:
+        pass
+
+
 class FakePoller:
     def __init__(self, limit: int) -> None:
         self.commands: list[PollerCommand] = []
@@ -101,6 +132,9 @@ class ControllerMachine(RuleBasedStateMachine):
             batch_size=2,
             commit_interval=1.0,
             retry_delay=0.5,
+            max_retries=1,  # a record's second failure dead-letters it
+            non_retryable=(KeyError,),  # and so does its first KeyError
+            dead_letter_topic="dlq",
             max_metadata_bytes=64,  # small, so the "blocked" path is exercised too
             max_buffered_records=24,  # small, so the credit bound is reached often
         )
@@ -114,7 +148,14 @@ class ControllerMachine(RuleBasedStateMachine):
             committer=ConsumerCommitter(self.poller, self.options.commit_mode),
             clock=self.clock,
         )
-        self.controller.start(lambda ctx: None, thread=False)
+        self.outputs = FakeOutputs(lambda tp: self.epoch.get(tp))
+        self.controller.start(
+            lambda ctx: None,
+            thread=False,
+            outputs=self.outputs,  # type: ignore[arg-type]
+            produces=False,
+            dead_letters=DeadLetters(self.options, "g"),
+        )
         self.log: dict[tuple[str, int], list[bytes | None]] = {tp: [] for tp in TPS}
         self.position: dict[tuple[str, int], int] = {}
         self.epoch: dict[tuple[str, int], int] = {}
@@ -182,15 +223,28 @@ class ControllerMachine(RuleBasedStateMachine):
         self.step()
 
     @precondition(lambda self: self.runner.calls)
-    @rule(index=st.integers(min_value=0), ok=st.booleans())
-    def complete(self, index: int, ok: bool) -> None:
+    @rule(index=st.integers(min_value=0), outcome=st.sampled_from(["ok", "fail", "poison"]))
+    def complete(self, index: int, outcome: str) -> None:
         batch, records = self.runner.calls.pop(index % len(self.runner.calls))
+        ok = outcome == "ok"
         if ok:
             for tp, offset, _, epoch in records:
                 if self.epoch.get(tp) == epoch:
                     self.done[tp].add(offset)
-        error = None if ok else RuntimeError("handler failed")
+        error = None if ok else KeyError("poison") if outcome == "poison" else RuntimeError("x")
         self.controller.post(WorkDone(batch, (error,) * len(records), None, self.clock.monotonic()))
+        self.step()
+
+    @precondition(lambda self: self.outputs.sent)
+    @rule(index=st.integers(min_value=0), ok=st.booleans())
+    def settle_dead_letter(self, index: int, ok: bool) -> None:
+        """The broker acknowledges a dead letter (its record is then done), or it fails (the
+        record stays unfinished and its letter is written again later)."""
+        batch, tp, offset, epoch = self.outputs.sent.pop(index % len(self.outputs.sent))
+        if ok and self.epoch.get(tp) == epoch:
+            self.done[tp].add(offset)
+        result: Any = (0, 0) if ok else ProduceError("dead-letter topic unavailable")
+        self.controller.post(OutputsDelivered(((batch, (result,)),)))
         self.step()
 
     @rule(tp=st.sampled_from(TPS))
@@ -241,15 +295,23 @@ class ControllerMachine(RuleBasedStateMachine):
         assigned partition covers every polled record (nothing lost, nothing left unfinished):
         its offset is at least the read position and its map marks nothing below it unfinished.
         """
-        for _ in range(200):
+        for _ in range(400):
             if self.runner.calls:
-                self.complete(0, True)
+                self.complete(0, "ok")
+            elif self.outputs.sent:
+                self.settle_dead_letter(0, True)
             else:
                 self.clock.advance(1.0)
                 self.step()
                 self.run_poller_commands()
             stats = self.controller.statistics()
-            if not self.runner.calls and stats.waiting == 0 and stats.retry_waiting == 0:
+            if (
+                not self.runner.calls
+                and not self.outputs.sent
+                and stats.waiting == 0
+                and stats.retry_waiting == 0
+                and stats.delivering == 0
+            ):
                 break
         self.clock.advance(1.0)
         self.step()

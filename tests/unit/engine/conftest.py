@@ -78,6 +78,7 @@ class Harness:
             consumer_factory=self._factory,
             producer_config=producer_config,
             producer_factory=self._producer_factory,
+            admin_factory=self.cluster.admin,
         )
         pc.subscribe(list(topics))
         self.instances.append(pc)

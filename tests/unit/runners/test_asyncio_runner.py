@@ -281,3 +281,33 @@ def test_stop_is_bounded_when_a_call_ignores_its_cancellation(runners, caplog):
     assert runners[0]._thread is not None
     assert not runners[0]._thread.is_alive()
     assert not any("GeneratorExit" in r.getMessage() for r in caplog.records)
+
+
+def test_records_failed_with_ctx_fail_are_reported_one_by_one(runners):
+    async def handle(ctx: PollContext) -> str:
+        await asyncio.sleep(0)
+        ctx.fail(ctx[1], ValueError("second"))
+        return "value"
+
+    results = start(runners, handle)
+    records = [RecordContext(Message(topic="t", partition=0, offset=i)) for i in range(3)]
+    runners[0].submit(7, PollContext(records))
+    event = results.take(1)[7]
+    assert event.value == "value"
+    assert event.partial
+    assert event.errors[0] is None
+    assert isinstance(event.errors[1], ValueError)
+    assert event.errors[2] is None
+
+
+def test_a_call_that_raises_fails_every_record_even_after_ctx_fail(runners):
+    async def handle(ctx: PollContext) -> None:
+        ctx.fail(ctx[0], ValueError("one"))
+        raise KeyError("all")
+
+    results = start(runners, handle)
+    records = [RecordContext(Message(topic="t", partition=0, offset=i)) for i in range(2)]
+    runners[0].submit(1, PollContext(records))
+    event = results.take(1)[1]
+    assert not event.partial
+    assert [type(e) for e in event.errors] == [KeyError, KeyError]

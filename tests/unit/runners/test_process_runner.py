@@ -89,6 +89,15 @@ def log_and_crash_once(ctx: PollContext) -> None:
         os.close(fd)
 
 
+def fail_odd_records(ctx: PollContext) -> str:
+    """Fails the records with odd offsets one by one (one with an unpicklable error)."""
+    for record in ctx:
+        if record.offset % 2:
+            error = Unpicklable(5, 6) if record.offset == 3 else ValueError(f"odd {record.offset}")
+            ctx.fail(record, error)
+    return "returned"
+
+
 # -- direct runner tests ----------------------------------------------------------------------
 
 
@@ -310,3 +319,27 @@ def test_key_order_holds_and_a_crashed_record_is_retried(tmp_path):
     assert "RemoteError" in retried[120][1]
     assert "Unpicklable" in retried[120][1]
     assert cluster.committed("g", "t", 0) == (300, None)
+
+
+def test_records_failed_with_ctx_fail_come_back_one_by_one():
+    # Given a handler that fails the odd records of its batch and returns
+    results = Results()
+    process_runner = ProcessRunner(1, SystemClock(), name="pfail")
+    process_runner.start(fail_odd_records, results)
+    try:
+        records = [context(i, b"v").record for i in range(5)]
+        process_runner.submit(1, PollContext(records))
+        [event] = results.take(1).values()
+    finally:
+        process_runner.stop(1.0)
+    # Then each record has its own outcome, the call's value counts, and it is marked partial
+    assert event.value == "returned"
+    assert event.partial
+    assert [type(e).__name__ if e else None for e in event.errors] == [
+        None,
+        "ValueError",
+        None,
+        "RemoteError",
+        None,
+    ]
+    assert str(event.errors[1]) == "odd 1"
