@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from confluent_kafka import (
@@ -22,10 +24,12 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
+from engine_support import committed, wait_until
 
+from parallel_consumer import Options, ParallelConsumer, PollContext
 from parallel_consumer import dead_letter as dl
 from parallel_consumer.cli.main import main
-from parallel_consumer.testing import read_topic
+from parallel_consumer.testing import produce_records, read_topic
 from parallel_consumer.testing.pytest_plugin import KafkaBroker
 
 pytestmark = pytest.mark.timeout(120)
@@ -280,3 +284,90 @@ def test_the_json_of_show_is_parsable_by_scripts(
     args = parser.parse_args(["dlq", "show", dlq, "--bootstrap", kafka.bootstrap_servers, "--json"])
     assert dlq_cli.run(args, out) == 0
     assert [json.loads(x)["original_offset"] for x in out.getvalue().splitlines()] == [0, 1]
+
+
+def test_round_trip_dead_lettered_by_the_engine_then_redriven_runs_each_record_once(
+    kafka: KafkaBroker,
+    topic: Callable[..., str],
+    consumer_config: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Given 120 keyed records; while a downstream is "broken", every 10th record fails with a
+    # non-retryable error and is dead-lettered by the engine
+    bootstrap = kafka.bootstrap_servers
+    source = topic(2)
+    produce_records(bootstrap, source, 120, keys=[f"k{i}" for i in range(12)])
+    broken = threading.Event()
+    broken.set()
+    lock = threading.Lock()
+    succeeded: Counter[bytes] = Counter()
+    redriven_headers: dict[bytes, dict[str, bytes]] = {}
+
+    def handle(ctx: PollContext) -> None:
+        value = ctx.value
+        assert value is not None
+        if broken.is_set() and int(value.split(b"-")[1]) % 10 == 0:
+            raise LookupError(f"downstream down for {value!r}")
+        with lock:
+            succeeded[value] += 1
+            if any(k == dl.REDRIVE_COUNT for k, _ in ctx.headers):
+                redriven_headers[value] = {k: v or b"" for k, v in ctx.headers}
+
+    options = Options(non_retryable=(LookupError,), commit_interval=0.2)
+    first = ParallelConsumer(dict(consumer_config), options)
+    try:
+        first.subscribe([source])
+        first.poll(handle)
+        wait_until(
+            lambda: (
+                first.statistics().records_succeeded + first.statistics().records_dead_lettered
+                >= 120
+            ),
+            timeout=60,
+            what="every record handled or dead-lettered",
+        )
+    finally:
+        first.close()
+    dlq = dl.default_topic(source)
+    bad = {f"value-{i}".encode() for i in range(0, 120, 10)}
+    assert {letter.value for letter in read_topic(bootstrap, dlq)} == bad
+
+    # When the downstream is fixed and the dead letters are redriven, twice
+    broken.clear()
+    code, _, err = _pc("dlq", "redrive", "--from", dlq, "--bootstrap", bootstrap, capsys=capsys)
+    assert code == 0, err
+    assert "redrove 12 record(s)" in err
+    code, _, err = _pc("dlq", "redrive", "--from", dlq, "--bootstrap", bootstrap, capsys=capsys)
+    assert "redrove 0 record(s)" in err
+
+    # Then a consumer of the same group runs each redriven record once, successfully, and
+    # every record of the topic has succeeded exactly once over both runs
+    second = ParallelConsumer(dict(consumer_config), options)
+    try:
+        second.subscribe([source])
+        second.poll(handle)
+        wait_until(
+            lambda: len(succeeded) == 120,
+            timeout=60,
+            what="the redriven records to be handled",
+        )
+        ends = {r.partition: r.offset + 1 for r in read_topic(bootstrap, source)}
+        wait_until(
+            lambda: all(
+                # At or past its last record: the redriven copies came in a transaction, and
+                # the commit moves past its marker too.
+                committed(consumer_config, source, [p])[p][0] >= end
+                for p, end in ends.items()
+            ),
+            timeout=60,
+            what="the group's commits to reach the end",
+        )
+    finally:
+        second.close()
+    assert set(succeeded.values()) == {1}
+    assert set(redriven_headers) == bad
+    for headers in redriven_headers.values():
+        assert headers[dl.REDRIVE_COUNT] == b"1"
+        assert headers[dl.REDRIVE_FROM].startswith(f"{dlq}/".encode())
+        assert not [k for k in headers if k.startswith(dl.DLQ_PREFIX)]
+    assert len(read_topic(bootstrap, dlq)) == 12  # nothing dead-lettered a second time
