@@ -645,6 +645,8 @@ class Controller:
         if not commits and self._gate is None:
             return  # (a transaction commits its outputs even when no offset moved)
         self._counters.commits_sent += len(commits)
+        if commits:
+            self._hooks.on_commit_sent(commits)
         answer = self._committer.commit(commits, final=final)
         answer.add_done_callback(self._post_answer)
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from confluent_kafka import Consumer, KafkaException, Producer
 
@@ -35,6 +35,9 @@ from parallel_consumer.runners.base import Runner
 from parallel_consumer.runners.processes import ProcessRunner, pickled_handler
 from parallel_consumer.runners.threads import ThreadRunner
 from parallel_consumer.status import Lifecycle, Statistics
+
+if TYPE_CHECKING:
+    from parallel_consumer.telemetry import Telemetry
 
 __all__ = ["ParallelConsumer"]
 
@@ -143,8 +146,10 @@ class ParallelConsumer:
     configures the producer that :meth:`poll_and_produce` outputs go through (by default the
     consumer's ``bootstrap.servers``, idempotent); in the transactional commit mode it must
     hold a ``transactional.id`` prefix. ``hooks`` receives engine events for metrics and
-    tracing (see :class:`~parallel_consumer.hooks.Hooks`). ``clock``, ``consumer_factory`` and
-    ``producer_factory`` are for tests (see :mod:`parallel_consumer.testing`).
+    tracing (see :class:`~parallel_consumer.hooks.Hooks`); ``telemetry`` turns on OpenTelemetry
+    metrics and tracing (see :class:`~parallel_consumer.telemetry.Telemetry`). ``clock``,
+    ``consumer_factory`` and ``producer_factory`` are for tests (see
+    :mod:`parallel_consumer.testing`).
     """
 
     def __init__(
@@ -154,6 +159,7 @@ class ParallelConsumer:
         *,
         producer_config: Mapping[str, Any] | None = None,
         hooks: Hooks | None = None,
+        telemetry: Telemetry | None = None,
         clock: Clock | None = None,
         consumer_factory: Callable[[dict[str, Any]], Any] | None = None,
         producer_factory: Callable[[dict[str, Any]], Any] | None = None,
@@ -165,6 +171,14 @@ class ParallelConsumer:
         if producer_config is not None and not isinstance(producer_config, Mapping):
             raise ConfigurationError("producer_config must be a dict of librdkafka settings")
         config = _checked_config(consumer_config)
+        self._telemetry = telemetry
+        if telemetry is not None:
+            hooks = telemetry.attach(
+                hooks,
+                group=config["group.id"],
+                statistics=self.statistics,
+                max_metadata_bytes=options.max_metadata_bytes,
+            )
         safe_hooks = guarded(hooks)
         self._hooks = safe_hooks
         self._options = options
@@ -333,7 +347,12 @@ class ParallelConsumer:
         outputs = None
         if via == "poll_and_produce":
             outputs = self._start_outputs()
-        self._controller.start(handler, runner=runner, outputs=outputs, on_produced=on_produced)
+        call = handler
+        if self._telemetry is not None:
+            call = self._telemetry.wrap(
+                handler, is_async=kind is RunnerKind.ASYNCIO, produces=outputs is not None
+            )
+        self._controller.start(call, runner=runner, outputs=outputs, on_produced=on_produced)
         self._handler = handler
         self._poller.start()
 
@@ -431,6 +450,8 @@ class ParallelConsumer:
         grace = timeout + FINAL_COMMIT_TIMEOUT + STOP_TIMEOUT + 5.0
         if not self.wait(grace):
             raise TimeoutError(f"ParallelConsumer did not close within {grace:.0f}s")
+        if self._telemetry is not None:
+            self._telemetry.closed()
 
     def __enter__(self) -> ParallelConsumer:
         return self

@@ -1,0 +1,367 @@
+"""Metrics through the OpenTelemetry metrics API, named after the Java library's meters.
+
+Two sources, both cheap by design:
+
+- **Gauges** (and the totals the engine already counts) are *observable* instruments. Their
+  callbacks run only when a reader collects, and every callback of one collection reads the
+  same :class:`~parallel_consumer.status.Statistics` snapshot (:class:`_Snapshots`): one
+  round trip to the controller thread per collection, nothing on the path of a record.
+- **Counters and histograms** that need a record's topic and partition are fed by
+  :class:`MetricsHooks`, the controller-side hooks, once per handler call (a batch of records):
+  counts are summed per partition first and added once per partition, and the attribute dicts
+  are built once per partition and reused.
+
+Only the ``opentelemetry-api`` package is imported; the SDK is the user's choice.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+from parallel_consumer.context import PollContext, RecordContext
+from parallel_consumer.hooks import NoHooks
+from parallel_consumer.offsets.encoding import OffsetEncoding
+from parallel_consumer.status import Lifecycle, Statistics
+from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
+from parallel_consumer.work.item import TopicPartition
+
+__all__ = ["STATUS_VALUES", "MetricsHooks", "register_gauges"]
+
+Attributes = dict[str, Any]
+
+#: ``pc.status``: the Java library's State values, so dashboards keep their value mappings.
+STATUS_VALUES = {
+    Lifecycle.NEW: 0,
+    Lifecycle.RUNNING: 1,
+    Lifecycle.PAUSED: 2,
+    Lifecycle.DRAINING: 3,
+    Lifecycle.CLOSING: 4,
+    Lifecycle.CLOSED: 5,
+}
+
+#: Observable counters read from a Statistics field: (meter, field, description). A field this
+#: version's Statistics lacks is skipped (``pc.deadline.exceeded`` needs issue #11's
+#: ``Statistics.deadline_exceeded``, ``pc.partition.stalls`` its ``partition_stalls``).
+_STATISTICS_COUNTERS = (
+    ("pc.commits.sent", "commits_sent", "offset commits sent to the broker (per partition)"),
+    ("pc.commit.failures", "commit_failures", "offset commits the broker did not acknowledge"),
+    ("pc.stalls", "stalls", "times the engine found records waiting and nothing running"),
+    ("pc.records.stale", "results_stale", "results dropped: their partition was revoked"),
+    ("pc.deadline.exceeded", "deadline_exceeded", "handler calls past processing_timeout"),
+    ("pc.partition.stalls", "partition_stalls", "stall episodes of single partitions"),
+)
+
+
+class _Snapshots:
+    """One ``statistics()`` snapshot per collection: a reader calls every observable callback
+    in a row, so a snapshot younger than ``max_age`` seconds is reused. Thread-safe (readers
+    collect on their own threads)."""
+
+    def __init__(self, source: Callable[[], Statistics], max_age: float = 0.5) -> None:
+        self._source = source
+        self._max_age = max_age
+        self._lock = threading.Lock()
+        self._taken_at = -max_age
+        self._last: Statistics | None = None
+        #: Set once the consumer is closed: gauges report nothing any more.
+        self.closed = False
+
+    def get(self) -> Statistics | None:
+        if self.closed:
+            return None
+        with self._lock:
+            now = time.monotonic()
+            if self._last is None or now - self._taken_at > self._max_age:
+                self._last = self._source()
+                self._taken_at = now
+            return self._last
+
+
+def register_gauges(
+    meter: Meter,
+    source: Callable[[], Statistics],
+    *,
+    base: Attributes,
+    max_metadata_bytes: int,
+) -> _Snapshots:
+    """Create the observable instruments over ``source`` (``ParallelConsumer.statistics``)."""
+    snapshots = _Snapshots(source)
+    partition_attributes: dict[TopicPartition, Attributes] = {}
+
+    def attributes_of(topic: str, partition: int) -> Attributes:
+        key = (topic, partition)
+        found = partition_attributes.get(key)
+        if found is None:
+            found = partition_attributes[key] = {**base, "topic": topic, "partition": partition}
+        return found
+
+    def total(read: Callable[[Statistics], float | None]) -> Callable[..., Iterable[Observation]]:
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            stats = snapshots.get()
+            if stats is None:
+                return []
+            value = read(stats)
+            return [] if value is None else [Observation(value, base)]
+
+        return callback
+
+    def per_partition(read: Callable[[Any], float | None]) -> Callable[..., Iterable[Observation]]:
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            stats = snapshots.get()
+            if stats is None:
+                return []
+            out = []
+            for snapshot in stats.partitions:
+                value = read(snapshot)
+                if value is not None:
+                    out.append(
+                        Observation(value, attributes_of(snapshot.topic, snapshot.partition))
+                    )
+            return out
+
+        return callback
+
+    def paused(stats: Statistics) -> int:
+        # The poller's count includes partitions it paused by itself while out of credit.
+        return stats.paused_partitions if stats.poller is None else stats.poller.paused_partitions
+
+    gauges: list[tuple[str, str, str, Callable[..., Iterable[Observation]]]] = [
+        ("pc.status", "1", "lifecycle: 0 new, 1 running, 2 paused, 3 draining, 4 closing, "
+         "5 closed", total(lambda s: STATUS_VALUES[s.lifecycle])),
+        ("pc.partitions.number", "{partition}", "assigned partitions",
+         total(lambda s: len(s.partitions))),
+        ("pc.partitions.paused", "{partition}", "partitions paused in the Kafka client",
+         total(paused)),
+        ("pc.shards", "{shard}", "processing lanes (keys or partitions) with records",
+         total(lambda s: s.shards)),
+        ("pc.shards.size", "{record}", "records waiting in the shards",
+         total(lambda s: s.waiting)),
+        ("pc.incomplete.offsets.total", "{record}", "unfinished offsets over all partitions",
+         total(lambda s: sum(p.incomplete for p in s.partitions))),
+        ("pc.inflight.records", "{record}", "records handed to the runner",
+         total(lambda s: s.in_flight)),
+        ("pc.waiting.records", "{record}", "records waiting to be dispatched",
+         total(lambda s: s.waiting)),
+        ("pc.retry.waiting.records", "{record}", "records waiting for their retry delay",
+         total(lambda s: s.retry_waiting)),
+        ("pc.held.records", "{record}", "records held (bounded by max_buffered_records)",
+         total(lambda s: s.held)),
+        ("pc.partitions.blocked", "{partition}", "partitions blocked by their offset map's size",
+         total(lambda s: s.blocked_partitions)),
+        ("pc.partition.incomplete.offsets", "{record}", "unfinished offsets of the partition",
+         per_partition(lambda p: p.incomplete)),
+        ("pc.partition.highest.completed.offset", "{offset}", "highest succeeded offset",
+         per_partition(lambda p: p.highest_succeeded)),
+        ("pc.partition.highest.sequential.succeeded.offset", "{offset}",
+         "highest offset below which everything succeeded",
+         per_partition(lambda p: p.highest_sequential_succeeded)),
+        ("pc.partition.highest.seen.offset", "{offset}", "highest offset polled",
+         per_partition(lambda p: p.highest_seen)),
+        ("pc.partition.latest.committed.offset", "{offset}",
+         "last offset the broker acknowledged as committed",
+         per_partition(lambda p: p.committed_offset)),
+        ("pc.partition.assignment.epoch", "1", "assignment epoch of the partition",
+         per_partition(lambda p: p.epoch)),
+        ("pc.metadata.space.used", "1",
+         "size of the partition's offset map / max_metadata_bytes (1.0 = the limit)",
+         per_partition(lambda p: p.metadata_size / max_metadata_bytes)),
+    ]  # fmt: skip
+    for name, unit, description, callback in gauges:
+        meter.create_observable_gauge(name, [callback], unit=unit, description=description)
+    fields = Statistics.__dataclass_fields__
+    for name, field, description in _STATISTICS_COUNTERS:
+        if field in fields:
+            meter.create_observable_counter(
+                name,
+                [total(_field_reader(field))],
+                unit="1",
+                description=description,
+            )
+    return snapshots
+
+
+def _field_reader(field: str) -> Callable[[Statistics], float | None]:
+    def read(stats: Statistics) -> float | None:
+        value: float | None = getattr(stats, field)
+        return value
+
+    return read
+
+
+def encoding_of(metadata: str) -> OffsetEncoding | None:
+    """The encoding of an offset map from its first base64 quantum (None: no map)."""
+    if len(metadata) < 4:
+        return None
+    try:
+        magic = base64.b64decode(metadata[:4])[0]
+    except (binascii.Error, IndexError):
+        return None
+    return OffsetEncoding.from_magic(magic)
+
+
+class MetricsHooks(NoHooks):
+    """Controller-side hooks that feed the counters and histograms. Owned by the controller
+    thread (every method here runs on it); see the module docstring for the cost model.
+
+    ``on_retry``, ``on_dead_letter``, ``on_skip`` are the record-fate hooks of issue #11: they
+    count as soon as the engine calls them (nothing calls them before that work is merged).
+    """
+
+    def __init__(
+        self,
+        meter: Meter,
+        *,
+        base: Attributes,
+        slow_after: float,
+        wall_clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._base = base
+        self._slow_after = slow_after
+        self._wall_clock = wall_clock
+        self._monotonic = monotonic
+        self._partition_attributes: dict[TopicPartition, Attributes] = {}
+        self._encoding_attributes: dict[OffsetEncoding, Attributes] = {}
+        self._dispatched: dict[int, PollContext] = {}
+        self._commits_sent: dict[tuple[TopicPartition, int, int], float] = {}
+        self.processed = meter.create_counter(
+            "pc.processed.records", unit="{record}", description="records processed successfully"
+        )
+        self.failed = meter.create_counter(
+            "pc.failed.records", unit="{record}", description="failed attempts of records"
+        )
+        self.slow = meter.create_counter(
+            "pc.slow.records",
+            unit="{record}",
+            description="records whose handler call took longer than slow_after",
+        )
+        self.retries = meter.create_counter(
+            "pc.retries", unit="{record}", description="failed attempts that will run again"
+        )
+        self.dead_lettered = meter.create_counter(
+            "pc.dead.lettered.records",
+            unit="{record}",
+            description="records sent to the dead-letter topic",
+        )
+        self.skipped = meter.create_counter(
+            "pc.skipped.records", unit="{record}", description="records given up without a DLQ"
+        )
+        self.commit_failures = meter.create_counter(
+            "pc.partition.commit.failures",
+            unit="{commit}",
+            description="offset commits of the partition the broker did not acknowledge",
+        )
+        self.encoding_usage = meter.create_counter(
+            "pc.offsets.encoding.usage",
+            unit="{commit}",
+            description="offset maps committed, by encoding",
+        )
+        self.processing_time = meter.create_histogram(
+            "pc.user.function.processing.time",
+            unit="s",
+            description="duration of handler calls, dispatch to end",
+        )
+        self.end_to_end = meter.create_histogram(
+            "pc.end.to.end.latency",
+            unit="s",
+            description="record timestamp to the end of its successful handler call",
+        )
+        self.commit_latency = meter.create_histogram(
+            "pc.commit.latency", unit="s", description="offset commit sent to its answer"
+        )
+
+    def _attributes(self, tp: TopicPartition) -> Attributes:
+        found = self._partition_attributes.get(tp)
+        if found is None:
+            found = {**self._base, "topic": tp[0], "partition": tp[1]}
+            self._partition_attributes[tp] = found
+        return found
+
+    # -- handler calls --
+
+    def on_dispatch(self, batch: int, context: PollContext) -> None:
+        self._dispatched[batch] = context
+
+    def on_work_done(
+        self, batch: int, errors: Sequence[BaseException | None], duration: float
+    ) -> None:
+        context = self._dispatched.pop(batch, None)
+        self.processing_time.record(duration, self._base)
+        if context is None:
+            return
+        succeeded: dict[TopicPartition, int] = {}
+        failed: dict[TopicPartition, int] = {}
+        now = self._wall_clock()
+        slow = duration > self._slow_after
+        for record, error in zip(context.records, errors, strict=False):
+            message = record.message
+            tp = (message.topic(), message.partition())
+            if error is None:
+                succeeded[tp] = succeeded.get(tp, 0) + 1
+                kind, millis = message.timestamp()
+                if kind != 0 and millis is not None and millis >= 0:
+                    self.end_to_end.record(max(0.0, now - millis / 1000), self._attributes(tp))
+            else:
+                failed[tp] = failed.get(tp, 0) + 1
+        for tp, count in succeeded.items():
+            self.processed.add(count, self._attributes(tp))
+        for tp, count in failed.items():
+            self.failed.add(count, self._attributes(tp))
+        if slow:
+            for tp in {**succeeded, **failed}:
+                self.slow.add(succeeded.get(tp, 0) + failed.get(tp, 0), self._attributes(tp))
+
+    # -- record fates (issue #11's hooks) --
+
+    def on_retry(self, record: RecordContext, error: BaseException, delay: float) -> None:
+        self.retries.add(1, self._attributes((record.topic, record.partition)))
+
+    def on_dead_letter(
+        self, record: RecordContext, error: BaseException | None, reason: str
+    ) -> None:
+        self.dead_lettered.add(
+            1, {**self._attributes((record.topic, record.partition)), "reason": reason}
+        )
+
+    def on_skip(self, record: RecordContext, error: BaseException | None, reason: str) -> None:
+        self.skipped.add(
+            1, {**self._attributes((record.topic, record.partition)), "reason": reason}
+        )
+
+    # -- commits --
+
+    def on_commit_sent(self, commits: Sequence[OffsetCommit]) -> None:
+        now = self._monotonic()
+        for commit in commits:
+            self._commits_sent.setdefault((commit.tp, commit.epoch, commit.offset), now)
+            encoding = encoding_of(commit.metadata)
+            if encoding is not None:
+                attributes = self._encoding_attributes.get(encoding)
+                if attributes is None:
+                    attributes = {**self._base, "encoding": encoding.name}
+                    self._encoding_attributes[encoding] = attributes
+                self.encoding_usage.add(1, attributes)
+
+    def on_commit(self, answers: Sequence[CommitAnswer]) -> None:
+        now = self._monotonic()
+        for answer in answers:
+            commit = answer.commit
+            sent = self._commits_sent.pop((commit.tp, commit.epoch, commit.offset), None)
+            if sent is not None:
+                self.commit_latency.record(now - sent, self._base)
+            if answer.error is not None:
+                self.commit_failures.add(1, self._attributes(commit.tp))
+
+    def on_rebalance(self, kind: str, partitions: Sequence[TopicPartition]) -> None:
+        if kind == "assigned":
+            return
+        gone = set(partitions)
+        for key in [k for k in self._commits_sent if k[0] in gone]:
+            del self._commits_sent[key]
