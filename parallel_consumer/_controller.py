@@ -568,7 +568,12 @@ class Controller:
             try:
                 self._on_produced(ProduceResult(context, record, result[0], result[1]))
             except Exception:
-                log.error("on_produced(%r) raised; ignored", record, exc_info=True)
+                log.error(
+                    "on_produced(%r) for the output of %r raised; ignored",
+                    record,
+                    context,
+                    exc_info=True,
+                )
 
     def _advance_transaction(self, now: float) -> None:
         """Transactional mode: commit once wanted and every sent output is acknowledged;
