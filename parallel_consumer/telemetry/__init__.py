@@ -104,7 +104,9 @@ class Telemetry:
     one was set, and turns metrics / tracing off otherwise. ``instance`` is the ``pcinstance``
     attribute of every meter (default: a random id, as the Java library's ``pcInstanceTag``).
     ``slow_after``: seconds a handler call may take before its records count in
-    ``pc.slow.records`` (the Java library's 10 s).
+    ``pc.slow.records`` (the Java library's 10 s). ``histogram_sample_interval``: each
+    histogram takes at most one sample per this many seconds (default 0.01: at most 100 a
+    second, so their cost does not grow with throughput); ``None`` records every call.
     """
 
     def __init__(
@@ -114,6 +116,7 @@ class Telemetry:
         tracer_provider: trace.TracerProvider | None = None,
         instance: str | None = None,
         slow_after: float = 10.0,
+        histogram_sample_interval: float | None = 0.01,
     ) -> None:
         if instance is not None and (not isinstance(instance, str) or not instance):
             raise ConfigurationError(
@@ -127,6 +130,15 @@ class Telemetry:
             raise ConfigurationError(
                 f"Telemetry(slow_after=) must be seconds >= 0, got {slow_after!r}"
             )
+        if histogram_sample_interval is not None and (
+            not isinstance(histogram_sample_interval, int | float)
+            or isinstance(histogram_sample_interval, bool)
+            or not histogram_sample_interval >= 0
+        ):
+            raise ConfigurationError(
+                "Telemetry(histogram_sample_interval=) must be seconds >= 0 or None (every "
+                f"call), got {histogram_sample_interval!r}"
+            )
         if meter_provider is None:
             global_meters = metrics.get_meter_provider()
             meter_provider = global_meters if _is_set(global_meters) else None
@@ -137,6 +149,7 @@ class Telemetry:
         self.tracer_provider = tracer_provider
         self.instance = instance or uuid.uuid4().hex
         self.slow_after = float(slow_after)
+        self.histogram_sample_interval = histogram_sample_interval
         self._group: str | None = None
         self._snapshots: _Snapshots | None = None
         self._traced: TracedHandler | None = None
@@ -176,7 +189,12 @@ class Telemetry:
         self._snapshots = register_gauges(
             meter, statistics, base=base, max_metadata_bytes=max_metadata_bytes
         )
-        self.metrics_hooks = MetricsHooks(meter, base=base, slow_after=self.slow_after)
+        self.metrics_hooks = MetricsHooks(
+            meter,
+            base=base,
+            slow_after=self.slow_after,
+            sample_interval=self.histogram_sample_interval,
+        )
         return combine_hooks(hooks, self.metrics_hooks)
 
     def wrap(self, handler: Any, *, is_async: bool, produces: bool) -> Any:

@@ -206,12 +206,42 @@ def encoding_of(metadata: str) -> OffsetEncoding | None:
     return OffsetEncoding.from_magic(magic)
 
 
-class MetricsHooks(NoHooks):
-    """Controller-side hooks that feed the counters and histograms. Owned by the controller
-    thread (every method here runs on it); see the module docstring for the cost model.
+class _Sampler:
+    """Lets a histogram take at most one sample per ``interval`` seconds (None: every one).
 
-    ``on_retry``, ``on_dead_letter``, ``on_skip`` are the record-fate hooks of issue #11: they
-    count as soon as the engine calls them (nothing calls them before that work is merged).
+    An SDK histogram ``record()`` costs tens of microseconds, as much as the engine spends on a
+    record: recorded for every call it would double the per-record cost of a fast handler. A
+    sample every 10 ms (at most 100 a second, whatever the throughput) keeps the percentiles
+    right and the cost flat; exact counts come from the counters."""
+
+    __slots__ = ("_interval", "_next")
+
+    def __init__(self, interval: float | None) -> None:
+        self._interval = interval
+        self._next = 0.0
+
+    def due(self, now: float) -> bool:
+        interval = self._interval
+        if interval is None:
+            return True
+        if now < self._next:
+            return False
+        self._next = now + interval
+        return True
+
+
+class MetricsHooks(NoHooks):
+    """Controller-side hooks behind the counters and histograms. Owned by the controller
+    thread: every ``on_*`` method runs on it.
+
+    Counts are plain integers in dicts keyed by partition (an increment costs a fraction of a
+    microsecond) and reach OpenTelemetry through observable counters, read when a reader
+    collects; histograms take sampled values (see :class:`_Sampler`). Readers copy the dicts
+    on their own thread: ``dict.copy()`` runs without releasing the GIL, so it never sees a
+    dict half-changed.
+
+    ``on_retry``, ``on_dead_letter`` and ``on_skip`` are the record-fate hooks of issue #11:
+    they count as soon as the engine calls them (nothing calls them before that work is merged).
     """
 
     def __init__(
@@ -220,6 +250,7 @@ class MetricsHooks(NoHooks):
         *,
         base: Attributes,
         slow_after: float,
+        sample_interval: float | None = 0.01,
         wall_clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -227,62 +258,74 @@ class MetricsHooks(NoHooks):
         self._slow_after = slow_after
         self._wall_clock = wall_clock
         self._monotonic = monotonic
-        self._partition_attributes: dict[TopicPartition, Attributes] = {}
-        self._encoding_attributes: dict[OffsetEncoding, Attributes] = {}
+        self._attributes_by_key: dict[Any, Attributes] = {}
         self._dispatched: dict[int, PollContext] = {}
         self._commits_sent: dict[tuple[TopicPartition, int, int], float] = {}
-        self.processed = meter.create_counter(
-            "pc.processed.records", unit="{record}", description="records processed successfully"
-        )
-        self.failed = meter.create_counter(
-            "pc.failed.records", unit="{record}", description="failed attempts of records"
-        )
-        self.slow = meter.create_counter(
-            "pc.slow.records",
-            unit="{record}",
-            description="records whose handler call took longer than slow_after",
-        )
-        self.retries = meter.create_counter(
-            "pc.retries", unit="{record}", description="failed attempts that will run again"
-        )
-        self.dead_lettered = meter.create_counter(
-            "pc.dead.lettered.records",
-            unit="{record}",
-            description="records sent to the dead-letter topic",
-        )
-        self.skipped = meter.create_counter(
-            "pc.skipped.records", unit="{record}", description="records given up without a DLQ"
-        )
-        self.commit_failures = meter.create_counter(
-            "pc.partition.commit.failures",
-            unit="{commit}",
-            description="offset commits of the partition the broker did not acknowledge",
-        )
-        self.encoding_usage = meter.create_counter(
-            "pc.offsets.encoding.usage",
-            unit="{commit}",
-            description="offset maps committed, by encoding",
-        )
+        self._processing_sampler = _Sampler(sample_interval)
+        self._latency_sampler = _Sampler(sample_interval)
+        self._commit_sampler = _Sampler(sample_interval)
+        # -- counts: key -> running total (key: a partition, (partition, reason), an encoding)
+        self.processed: dict[TopicPartition, int] = {}
+        self.failed: dict[TopicPartition, int] = {}
+        self.slow: dict[TopicPartition, int] = {}
+        self.retries: dict[TopicPartition, int] = {}
+        self.dead_lettered: dict[tuple[TopicPartition, str], int] = {}
+        self.skipped: dict[tuple[TopicPartition, str], int] = {}
+        self.commit_failures: dict[TopicPartition, int] = {}
+        self.encodings: dict[str, int] = {}
+        counters: list[tuple[str, str, str, dict[Any, int]]] = [
+            ("pc.processed.records", "{record}", "records processed successfully", self.processed),
+            ("pc.failed.records", "{record}", "failed attempts of records", self.failed),
+            ("pc.slow.records", "{record}", "records of handler calls longer than slow_after",
+             self.slow),
+            ("pc.retries", "{record}", "failed attempts that will run again", self.retries),
+            ("pc.dead.lettered.records", "{record}", "records sent to the dead-letter topic",
+             self.dead_lettered),
+            ("pc.skipped.records", "{record}", "records given up on without a dead letter",
+             self.skipped),
+            ("pc.partition.commit.failures", "{commit}",
+             "offset commits of the partition the broker did not acknowledge",
+             self.commit_failures),
+            ("pc.offsets.encoding.usage", "{commit}", "offset maps committed, by encoding",
+             self.encodings),
+        ]  # fmt: skip
+        for name, unit, description, counts in counters:
+            meter.create_observable_counter(
+                name, [self._observe(counts)], unit=unit, description=description
+            )
         self.processing_time = meter.create_histogram(
             "pc.user.function.processing.time",
             unit="s",
-            description="duration of handler calls, dispatch to end",
+            description="duration of handler calls, dispatch to end (sampled)",
         )
         self.end_to_end = meter.create_histogram(
             "pc.end.to.end.latency",
             unit="s",
-            description="record timestamp to the end of its successful handler call",
+            description="record timestamp to the end of its successful handler call (sampled)",
         )
         self.commit_latency = meter.create_histogram(
-            "pc.commit.latency", unit="s", description="offset commit sent to its answer"
+            "pc.commit.latency", unit="s", description="offset commit sent to its answer (sampled)"
         )
 
-    def _attributes(self, tp: TopicPartition) -> Attributes:
-        found = self._partition_attributes.get(tp)
+    def _attributes(self, key: Any) -> Attributes:
+        """The attributes of a count's key (built once per key)."""
+        found = self._attributes_by_key.get(key)
         if found is None:
-            found = {**self._base, "topic": tp[0], "partition": tp[1]}
-            self._partition_attributes[tp] = found
+            if isinstance(key, str):
+                found = {**self._base, "encoding": key}
+            elif isinstance(key[0], tuple):  # (partition, reason)
+                (topic, partition), reason = key
+                found = {**self._base, "topic": topic, "partition": partition, "reason": reason}
+            else:
+                found = {**self._base, "topic": key[0], "partition": key[1]}
+            self._attributes_by_key[key] = found
         return found
+
+    def _observe(self, counts: dict[Any, int]) -> Callable[..., Iterable[Observation]]:
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(n, self._attributes(k)) for k, n in counts.copy().items()]
+
+        return callback
 
     # -- handler calls --
 
@@ -293,75 +336,74 @@ class MetricsHooks(NoHooks):
         self, batch: int, errors: Sequence[BaseException | None], duration: float
     ) -> None:
         context = self._dispatched.pop(batch, None)
-        self.processing_time.record(duration, self._base)
+        now = self._monotonic()
+        if self._processing_sampler.due(now):
+            self.processing_time.record(duration, self._base)
         if context is None:
             return
-        succeeded: dict[TopicPartition, int] = {}
-        failed: dict[TopicPartition, int] = {}
-        now = self._wall_clock()
-        slow = duration > self._slow_after
+        processed = self.processed
+        failed = self.failed
+        slow = self.slow if duration > self._slow_after else None
+        first_success: Any = None
         for record, error in zip(context.records, errors, strict=False):
             message = record.message
             tp = (message.topic(), message.partition())
             if error is None:
-                succeeded[tp] = succeeded.get(tp, 0) + 1
-                kind, millis = message.timestamp()
-                if kind != 0 and millis is not None and millis >= 0:
-                    self.end_to_end.record(max(0.0, now - millis / 1000), self._attributes(tp))
+                processed[tp] = processed.get(tp, 0) + 1
+                if first_success is None:
+                    first_success = message
             else:
                 failed[tp] = failed.get(tp, 0) + 1
-        for tp, count in succeeded.items():
-            self.processed.add(count, self._attributes(tp))
-        for tp, count in failed.items():
-            self.failed.add(count, self._attributes(tp))
-        if slow:
-            for tp in {**succeeded, **failed}:
-                self.slow.add(succeeded.get(tp, 0) + failed.get(tp, 0), self._attributes(tp))
+            if slow is not None:
+                slow[tp] = slow.get(tp, 0) + 1
+        if first_success is not None and self._latency_sampler.due(now):
+            kind, millis = first_success.timestamp()
+            if kind != 0 and millis is not None and millis >= 0:
+                tp = (first_success.topic(), first_success.partition())
+                latency = max(0.0, self._wall_clock() - millis / 1000)
+                self.end_to_end.record(latency, self._attributes(tp))
 
     # -- record fates (issue #11's hooks) --
 
     def on_retry(self, record: RecordContext, error: BaseException, delay: float) -> None:
-        self.retries.add(1, self._attributes((record.topic, record.partition)))
+        tp = (record.topic, record.partition)
+        self.retries[tp] = self.retries.get(tp, 0) + 1
 
     def on_dead_letter(
         self, record: RecordContext, error: BaseException | None, reason: str
     ) -> None:
-        self.dead_lettered.add(
-            1, {**self._attributes((record.topic, record.partition)), "reason": reason}
-        )
+        key = ((record.topic, record.partition), reason)
+        self.dead_lettered[key] = self.dead_lettered.get(key, 0) + 1
 
     def on_skip(self, record: RecordContext, error: BaseException | None, reason: str) -> None:
-        self.skipped.add(
-            1, {**self._attributes((record.topic, record.partition)), "reason": reason}
-        )
+        key = ((record.topic, record.partition), reason)
+        self.skipped[key] = self.skipped.get(key, 0) + 1
 
     # -- commits --
 
     def on_commit_sent(self, commits: Sequence[OffsetCommit]) -> None:
         now = self._monotonic()
+        encodings = self.encodings
         for commit in commits:
             self._commits_sent.setdefault((commit.tp, commit.epoch, commit.offset), now)
             encoding = encoding_of(commit.metadata)
             if encoding is not None:
-                attributes = self._encoding_attributes.get(encoding)
-                if attributes is None:
-                    attributes = {**self._base, "encoding": encoding.name}
-                    self._encoding_attributes[encoding] = attributes
-                self.encoding_usage.add(1, attributes)
+                encodings[encoding.name] = encodings.get(encoding.name, 0) + 1
 
     def on_commit(self, answers: Sequence[CommitAnswer]) -> None:
         now = self._monotonic()
         for answer in answers:
             commit = answer.commit
             sent = self._commits_sent.pop((commit.tp, commit.epoch, commit.offset), None)
-            if sent is not None:
+            if sent is not None and self._commit_sampler.due(now):
                 self.commit_latency.record(now - sent, self._base)
             if answer.error is not None:
-                self.commit_failures.add(1, self._attributes(commit.tp))
+                failures = self.commit_failures
+                failures[commit.tp] = failures.get(commit.tp, 0) + 1
 
     def on_rebalance(self, kind: str, partitions: Sequence[TopicPartition]) -> None:
-        if kind == "assigned":
-            return
+        if kind != "lost":
+            return  # (a revoke's final commit is answered after this hook: keep its entry)
         gone = set(partitions)
         for key in [k for k in self._commits_sent if k[0] in gone]:
             del self._commits_sent[key]

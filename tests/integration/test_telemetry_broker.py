@@ -120,7 +120,9 @@ def test_counters_and_gauges_match_the_engine_on_the_broker(
     pc = ParallelConsumer(
         consumer_config,
         Options(ordering=ProcessingOrder.KEY, commit_interval=0.1, retry_delay=0),
-        telemetry=Telemetry(meter_provider=otel.meters, instance="it"),
+        telemetry=Telemetry(
+            meter_provider=otel.meters, instance="it", histogram_sample_interval=None
+        ),
     )
     try:
         pc.subscribe(name)
@@ -193,7 +195,9 @@ def test_retry_dead_letter_and_skip_counters_match_the_run(
     pc = ParallelConsumer(
         consumer_config,
         Options(commit_interval=0.1, retry_delay=0, dead_letter_topic=f"{name}.dlq"),  # type: ignore[call-arg]
-        telemetry=Telemetry(meter_provider=otel.meters, instance="it"),
+        telemetry=Telemetry(
+            meter_provider=otel.meters, instance="it", histogram_sample_interval=None
+        ),
     )
     try:
         pc.subscribe(name)

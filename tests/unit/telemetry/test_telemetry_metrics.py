@@ -31,7 +31,8 @@ def test_counters_match_the_processed_and_failed_counts_of_a_run(otel, consumers
     # Given 20 records on 2 partitions, and a handler that fails the first attempt of offset 2
     _fill(consumers.cluster, 20)
     pc = consumers.make(
-        Options(commit_interval=0.05, retry_delay=0), telemetry=otel.telemetry(instance="i1")
+        Options(commit_interval=0.05, retry_delay=0),
+        telemetry=otel.telemetry(instance="i1", histogram_sample_interval=None),
     )
 
     def handler(ctx: PollContext) -> None:
@@ -57,7 +58,10 @@ def test_counters_match_the_processed_and_failed_counts_of_a_run(otel, consumers
 def test_gauges_show_per_partition_values_that_match_statistics(otel, consumers, wait):
     # Given records processed and committed on 2 partitions
     _fill(consumers.cluster, 10)
-    pc = consumers.make(Options(commit_interval=0.05), telemetry=otel.telemetry(instance="i1"))
+    pc = consumers.make(
+        Options(commit_interval=0.05),
+        telemetry=otel.telemetry(instance="i1", histogram_sample_interval=None),
+    )
     pc.poll(lambda ctx: None)
     wait(
         lambda: (
@@ -189,8 +193,54 @@ def test_one_telemetry_serves_one_consumer(otel, consumers):
         ({"instance": ""}, r"instance=\) must be a non-empty string"),
         ({"slow_after": -1}, r"slow_after=\) must be seconds >= 0"),
         ({"slow_after": "10"}, r"slow_after=\) must be seconds >= 0"),
+        ({"histogram_sample_interval": -0.1}, r"histogram_sample_interval=\) must be seconds"),
     ],
 )
 def test_bad_telemetry_settings_are_named(kwargs, message):
     with pytest.raises(ConfigurationError, match=message):
         Telemetry(**kwargs)
+
+
+class CountingMeter:
+    """A stand-in Meter that counts what reaches OpenTelemetry per record."""
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.callbacks: list[Any] = []
+
+    def create_observable_counter(self, name: str, callbacks: list[Any], **kw: Any) -> None:
+        self.callbacks.extend(callbacks)
+
+    def create_histogram(self, name: str, **kw: Any) -> Any:
+        meter = self
+
+        class Histogram:
+            def record(self, value: float, attributes: Any = None) -> None:
+                meter.records += 1
+
+        return Histogram()
+
+
+def test_the_hot_path_counts_in_plain_dicts_and_samples_histograms():
+    # Given the metrics hooks with a clock that stands still
+    meter = CountingMeter()
+    hooks = MetricsHooks(
+        meter,  # type: ignore[arg-type]
+        base=dict(BASE),
+        slow_after=10.0,
+        sample_interval=0.01,
+        monotonic=lambda: 5.0,
+    )
+    records = [
+        RecordContext(Message(topic="t", partition=i % 2, offset=i, timestamp=(1, 1000)))
+        for i in range(4)
+    ]
+    # When 1,000 calls of 4 records end
+    for batch in range(1000):
+        hooks.on_dispatch(batch, PollContext(records))
+        hooks.on_work_done(batch, [None, None, None, ValueError()], 0.001)
+    # Then only one sample per histogram reached OpenTelemetry, and the counts are exact
+    assert meter.records == 2  # processing time and end-to-end latency, once each
+    assert hooks.processed == {("t", 0): 2000, ("t", 1): 1000}
+    assert hooks.failed == {("t", 1): 1000}
+    assert hooks._dispatched == {}
