@@ -151,7 +151,7 @@ class Telemetry:
         self.slow_after = float(slow_after)
         self.histogram_sample_interval = histogram_sample_interval
         self._group: str | None = None
-        self._snapshots: _Snapshots | None = None
+        self._snapshots: list[_Snapshots[Any]] = []
         self._traced: TracedHandler | None = None
         #: The controller-side hooks feeding counters (None while metrics are off).
         self.metrics_hooks: MetricsHooks | None = None
@@ -173,9 +173,11 @@ class Telemetry:
         group: str,
         statistics: Callable[[], Statistics],
         max_metadata_bytes: int,
+        health: Callable[[], Any] | None = None,
     ) -> Hooks | None:
-        """Bind to one consumer: register the gauges over ``statistics`` and return the hooks
-        to install (``hooks`` combined with the metrics hooks)."""
+        """Bind to one consumer: register the gauges over ``statistics`` (and ``health``, once
+        the consumer has one) and return the hooks to install (``hooks`` combined with the
+        metrics hooks)."""
         if self._group is not None:
             raise ConfigurationError(
                 f"{self!r} already serves a ParallelConsumer (group {self._group!r}); give "
@@ -187,7 +189,7 @@ class Telemetry:
         meter = self.meter_provider.get_meter(INSTRUMENTATION)
         base = {"pcinstance": self.instance, "group": group}
         self._snapshots = register_gauges(
-            meter, statistics, base=base, max_metadata_bytes=max_metadata_bytes
+            meter, statistics, base=base, max_metadata_bytes=max_metadata_bytes, health=health
         )
         self.metrics_hooks = MetricsHooks(
             meter,
@@ -214,8 +216,8 @@ class Telemetry:
     def closed(self) -> None:
         """The consumer closed: gauges stop reporting (instruments cannot be removed through
         the API; their callbacks return nothing from now on)."""
-        if self._snapshots is not None:
-            self._snapshots.closed = True
+        for snapshots in self._snapshots:
+            snapshots.closed = True
 
     # -- seams for the dead-letter writer -----------------------------------------------------
 

@@ -6,10 +6,9 @@ Two sources, both cheap by design:
   callbacks run only when a reader collects, and every callback of one collection reads the
   same :class:`~parallel_consumer.status.Statistics` snapshot (:class:`_Snapshots`): one
   round trip to the controller thread per collection, nothing on the path of a record.
-- **Counters and histograms** that need a record's topic and partition are fed by
-  :class:`MetricsHooks`, the controller-side hooks, once per handler call (a batch of records):
-  counts are summed per partition first and added once per partition, and the attribute dicts
-  are built once per partition and reused.
+- **Counters** are fed by :class:`MetricsHooks`, the controller-side hooks: plain integer
+  increments in dicts keyed by partition, read by observable counters when a reader collects.
+  **Histograms** are sampled (at most one sample per interval each).
 
 Only the ``opentelemetry-api`` package is imported; the SDK is the user's choice.
 """
@@ -21,7 +20,7 @@ import binascii
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
@@ -35,6 +34,7 @@ from parallel_consumer.work.item import TopicPartition
 __all__ = ["STATUS_VALUES", "MetricsHooks", "register_gauges"]
 
 Attributes = dict[str, Any]
+T = TypeVar("T")
 
 #: ``pc.status``: the Java library's State values, so dashboards keep their value mappings.
 STATUS_VALUES = {
@@ -59,21 +59,21 @@ _STATISTICS_COUNTERS = (
 )
 
 
-class _Snapshots:
-    """One ``statistics()`` snapshot per collection: a reader calls every observable callback
-    in a row, so a snapshot younger than ``max_age`` seconds is reused. Thread-safe (readers
-    collect on their own threads)."""
+class _Snapshots(Generic[T]):
+    """One snapshot (``statistics()``, ``health()``) per collection: a reader calls every
+    observable callback in a row, so a snapshot younger than ``max_age`` seconds is reused.
+    Thread-safe (readers collect on their own threads)."""
 
-    def __init__(self, source: Callable[[], Statistics], max_age: float = 0.5) -> None:
+    def __init__(self, source: Callable[[], T], max_age: float = 0.5) -> None:
         self._source = source
         self._max_age = max_age
         self._lock = threading.Lock()
         self._taken_at = -max_age
-        self._last: Statistics | None = None
+        self._last: T | None = None
         #: Set once the consumer is closed: gauges report nothing any more.
         self.closed = False
 
-    def get(self) -> Statistics | None:
+    def get(self) -> T | None:
         if self.closed:
             return None
         with self._lock:
@@ -90,8 +90,11 @@ def register_gauges(
     *,
     base: Attributes,
     max_metadata_bytes: int,
-) -> _Snapshots:
-    """Create the observable instruments over ``source`` (``ParallelConsumer.statistics``)."""
+    health: Callable[[], Any] | None = None,
+) -> list[_Snapshots[Any]]:
+    """Create the observable instruments over ``source`` (``ParallelConsumer.statistics``)
+    and, given ``health`` (``ParallelConsumer.health``, issue #11), ``pc.healthy`` and
+    ``pc.partitions.stalled`` over its report (``healthy``, ``stalled_partitions``)."""
     snapshots = _Snapshots(source)
     partition_attributes: dict[TopicPartition, Attributes] = {}
 
@@ -184,7 +187,30 @@ def register_gauges(
                 unit="1",
                 description=description,
             )
-    return snapshots
+    if health is None:
+        return [snapshots]
+    reports: _Snapshots[Any] = _Snapshots(health)
+
+    def from_health(read: Callable[[Any], float]) -> Callable[..., Iterable[Observation]]:
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            report = reports.get()
+            return [] if report is None else [Observation(read(report), base)]
+
+        return callback
+
+    meter.create_observable_gauge(
+        "pc.healthy",
+        [from_health(lambda r: int(bool(r.healthy)))],
+        unit="1",
+        description="1 while health() says healthy, else 0",
+    )
+    meter.create_observable_gauge(
+        "pc.partitions.stalled",
+        [from_health(lambda r: len(r.stalled_partitions))],
+        unit="{partition}",
+        description="partitions in a stall episode (health().stalled_partitions)",
+    )
+    return [snapshots, reports]
 
 
 def _field_reader(field: str) -> Callable[[Statistics], float | None]:

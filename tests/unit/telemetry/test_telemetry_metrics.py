@@ -244,3 +244,30 @@ def test_the_hot_path_counts_in_plain_dicts_and_samples_histograms():
     assert hooks.processed == {("t", 0): 2000, ("t", 1): 1000}
     assert hooks.failed == {("t", 1): 1000}
     assert hooks._dispatched == {}
+
+
+def test_health_gauges_read_the_health_report_once_the_consumer_has_one(otel, consumers, wait):
+    # (ParallelConsumer.health() comes with issue #11; attach() takes it as health=.)
+    _fill(consumers.cluster, 2)
+    pc = consumers.make(Options(commit_interval=0.05))
+    pc.poll(lambda ctx: None)
+    reports = []
+
+    class Report:
+        healthy = False
+        stalled_partitions = (("t", 0), ("t", 1))
+
+    def health() -> Report:
+        reports.append(1)
+        return Report()
+
+    telemetry = otel.telemetry(instance="i1")
+    telemetry.attach(
+        None, group="g", statistics=pc.statistics, max_metadata_bytes=4096, health=health
+    )
+    assert otel.points("pc.healthy") == {BASE: 0}
+    assert otel.points("pc.partitions.stalled") == {BASE: 2}
+    assert len(reports) == 1  # one report per collection, shared by both gauges
+    telemetry.closed()
+    otel.reader.get_metrics_data()
+    assert otel.points("pc.healthy") == {}
