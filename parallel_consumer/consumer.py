@@ -448,10 +448,12 @@ class ParallelConsumer:
         if self.lifecycle is not Lifecycle.CLOSED:
             self._controller.request("close", drain=drain, timeout=timeout)
         grace = timeout + FINAL_COMMIT_TIMEOUT + STOP_TIMEOUT + 5.0
-        if not self.wait(grace):
-            raise TimeoutError(f"ParallelConsumer did not close within {grace:.0f}s")
-        if self._telemetry is not None:
-            self._telemetry.closed()
+        try:
+            if not self.wait(grace):
+                raise TimeoutError(f"ParallelConsumer did not close within {grace:.0f}s")
+        finally:
+            if self._telemetry is not None:
+                self._telemetry.closed()  # its gauges stop reporting, even after a failure
 
     def __enter__(self) -> ParallelConsumer:
         return self
