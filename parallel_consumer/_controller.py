@@ -602,7 +602,12 @@ class Controller:
             try:
                 self._on_produced(ProduceResult(context, record, result[0], result[1]))
             except Exception:
-                log.error("on_produced(%r) raised; ignored", record, exc_info=True)
+                log.error(
+                    "on_produced(%r) for the output of %r raised; ignored",
+                    record,
+                    context,
+                    exc_info=True,
+                )
 
     def _advance_transaction(self, now: float) -> None:
         """Transactional mode: commit once wanted and every sent output is acknowledged;
@@ -787,6 +792,8 @@ class Controller:
         if not commits and self._gate is None:
             return  # (a transaction commits its outputs even when no offset moved)
         self._counters.commits_sent += len(commits)
+        if commits:
+            self._hooks.on_commit_sent(commits)
         answer = self._committer.commit(commits, final=final)
         answer.add_done_callback(self._post_answer)
 

@@ -24,6 +24,7 @@ from typing import Any
 from confluent_kafka import KafkaError
 from confluent_kafka.cimpl import NewTopic
 
+from parallel_consumer.context import RecordContext
 from parallel_consumer.dead_letter import dead_letter_headers, default_topic
 from parallel_consumer.errors import ConfigurationError
 from parallel_consumer.options import Options
@@ -57,11 +58,18 @@ class Letter:
 class DeadLetters:
     """Dead letters being written or waiting to be written again. Owned by the controller."""
 
-    __slots__ = ("_group", "_ids", "_topic", "sending", "waiting")
+    __slots__ = ("_group", "_ids", "_topic", "_trace_id", "sending", "waiting")
 
-    def __init__(self, options: Options, group: str) -> None:
+    def __init__(
+        self,
+        options: Options,
+        group: str,
+        trace_id: Callable[[RecordContext], str | None] | None = None,
+    ) -> None:
         self._topic = options.dead_letter_topic
         self._group = group
+        #: The trace id of a record's processing (telemetry), for the ``pc.dlq.trace.id`` header.
+        self._trace_id = trace_id
         #: Negative batch ids: never those of handler calls (which count up from 1).
         self._ids = itertools.count(-1, -1)
         #: Batch id -> letter, while its write is on its way (or held back by the gate).
@@ -88,6 +96,7 @@ class DeadLetters:
             last_failure_at=item.last_failure_at,
             group=self._group,
             reason=letter.reason,
+            trace_id=self._trace_id(RecordContext(message)) if self._trace_id else None,
             original_headers=message.headers() or None,
         )
         # The record's key (the default partitioner keeps each key's dead letters in order).

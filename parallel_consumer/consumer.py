@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
@@ -37,6 +37,9 @@ from parallel_consumer.runners.base import Runner
 from parallel_consumer.runners.processes import ProcessRunner, pickled_handler
 from parallel_consumer.runners.threads import ThreadRunner
 from parallel_consumer.status import Lifecycle, Statistics
+
+if TYPE_CHECKING:
+    from parallel_consumer.telemetry import Telemetry
 
 __all__ = ["ParallelConsumer"]
 
@@ -145,9 +148,11 @@ class ParallelConsumer:
     configures the producer that :meth:`poll_and_produce` outputs go through (by default the
     consumer's ``bootstrap.servers``, idempotent); in the transactional commit mode it must
     hold a ``transactional.id`` prefix. ``hooks`` receives engine events for metrics and
-    tracing (see :class:`~parallel_consumer.hooks.Hooks`). ``clock``, ``consumer_factory`` and
-    ``producer_factory`` are for tests (see :mod:`parallel_consumer.testing`), as is
-    ``admin_factory`` (the admin client that checks or creates dead-letter topics).
+    tracing (see :class:`~parallel_consumer.hooks.Hooks`); ``telemetry`` turns on OpenTelemetry
+    metrics and tracing (see :class:`~parallel_consumer.telemetry.Telemetry`). ``clock``,
+    ``consumer_factory`` and ``producer_factory`` are for tests (see
+    :mod:`parallel_consumer.testing`), as is ``admin_factory`` (the admin client that checks or
+    creates dead-letter topics).
     """
 
     def __init__(
@@ -157,6 +162,7 @@ class ParallelConsumer:
         *,
         producer_config: Mapping[str, Any] | None = None,
         hooks: Hooks | None = None,
+        telemetry: Telemetry | None = None,
         clock: Clock | None = None,
         consumer_factory: Callable[[dict[str, Any]], Any] | None = None,
         producer_factory: Callable[[dict[str, Any]], Any] | None = None,
@@ -169,6 +175,14 @@ class ParallelConsumer:
         if producer_config is not None and not isinstance(producer_config, Mapping):
             raise ConfigurationError("producer_config must be a dict of librdkafka settings")
         config = _checked_config(consumer_config)
+        self._telemetry = telemetry
+        if telemetry is not None:
+            hooks = telemetry.attach(
+                hooks,
+                group=config["group.id"],
+                statistics=self.statistics,
+                max_metadata_bytes=options.max_metadata_bytes,
+            )
         safe_hooks = guarded(hooks)
         self._hooks = safe_hooks
         self._options = options
@@ -344,15 +358,22 @@ class ParallelConsumer:
             # Before anything starts: a missing dead-letter topic is a configuration error.
             topics = dead_letter_topics(self._options, self._topics)
             prepare_topics(self._admin_factory, self._producer_config, topics)
-            dead_letters = DeadLetters(self._options, self._group)
-        if via == "poll_and_produce" or dead_letters is not None:
+            trace_id = self._telemetry.trace_id if self._telemetry is not None else None
+            dead_letters = DeadLetters(self._options, self._group, trace_id)
+        produces = via == "poll_and_produce"
+        if produces or dead_letters is not None:
             outputs = self._start_outputs()  # dead letters go through the library's producer
+        call = handler
+        if self._telemetry is not None:
+            call = self._telemetry.wrap(
+                handler, is_async=kind is RunnerKind.ASYNCIO, produces=produces
+            )
         self._controller.start(
-            handler,
+            call,
             runner=runner,
             outputs=outputs,
             on_produced=on_produced,
-            produces=via == "poll_and_produce",
+            produces=produces,
             dead_letters=dead_letters,
         )
         self._handler = handler
@@ -450,8 +471,12 @@ class ParallelConsumer:
         if self.lifecycle is not Lifecycle.CLOSED:
             self._controller.request("close", drain=drain, timeout=timeout)
         grace = timeout + FINAL_COMMIT_TIMEOUT + STOP_TIMEOUT + 5.0
-        if not self.wait(grace):
-            raise TimeoutError(f"ParallelConsumer did not close within {grace:.0f}s")
+        try:
+            if not self.wait(grace):
+                raise TimeoutError(f"ParallelConsumer did not close within {grace:.0f}s")
+        finally:
+            if self._telemetry is not None:
+                self._telemetry.closed()  # its gauges stop reporting, even after a failure
 
     def __enter__(self) -> ParallelConsumer:
         return self

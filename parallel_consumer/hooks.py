@@ -17,7 +17,7 @@ from typing import Protocol, cast
 
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.errors import ConfigurationError
-from parallel_consumer.work.commits import CommitAnswer
+from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
 from parallel_consumer.work.item import TopicPartition
 
 __all__ = ["Hooks", "NoHooks", "StallReport", "guarded"]
@@ -48,6 +48,10 @@ class Hooks(Protocol):
     ) -> None:
         """A call ended: one outcome per record (None = succeeded); ``duration`` in seconds
         from dispatch to the end of the call."""
+
+    def on_commit_sent(self, commits: Sequence[OffsetCommit]) -> None:
+        """Offsets (with their offset maps) were handed to the committer; ``on_commit`` gets
+        the broker's answer for each."""
 
     def on_commit(self, answers: Sequence[CommitAnswer]) -> None:
         """The broker answered a commit."""
@@ -96,6 +100,9 @@ class NoHooks:
     def on_work_done(
         self, batch: int, errors: Sequence[BaseException | None], duration: float
     ) -> None:
+        pass
+
+    def on_commit_sent(self, commits: Sequence[OffsetCommit]) -> None:
         pass
 
     def on_commit(self, answers: Sequence[CommitAnswer]) -> None:

@@ -38,10 +38,10 @@ def retry_delay(options: Options, error: BaseException, record: RecordContext) -
         value = provider(record)
         seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
     except Exception:
-        log.warning("retry_delay_provider failed; using retry_delay", exc_info=True)
+        log.warning("retry_delay_provider failed for %r; using retry_delay", record, exc_info=True)
         return options.retry_delay
     if not seconds >= 0:  # also catches NaN
-        log.warning("retry_delay_provider returned %r; using retry_delay", value)
+        log.warning("retry_delay_provider returned %r for %r; using retry_delay", value, record)
         return options.retry_delay
     return seconds
 

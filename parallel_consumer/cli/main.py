@@ -2,8 +2,8 @@
 
 ``pc demo`` processes keyed records on a local broker; ``pc kafka start`` runs a local broker
 until Ctrl-C; ``pc kafka resolve`` fills the broker jar cache; ``pc dlq show`` and
-``pc dlq redrive`` inspect and re-publish dead-lettered records. ``pc offsets`` is announced but
-not implemented yet.
+``pc dlq redrive`` inspect and re-publish dead-lettered records; ``pc offsets`` shows a group's
+committed offsets with their decoded offset maps and lag.
 """
 
 from __future__ import annotations
@@ -15,15 +15,14 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from parallel_consumer.cli import demo, dlq
+from parallel_consumer.cli import demo, dlq, offsets
 from parallel_consumer.testing import _apache_kafka
 from parallel_consumer.testing.local_kafka import DEFAULT_KAFKA_VERSION, LocalKafka, LocalKafkaError
 
 __all__ = ["main"]
 
-_COMING = {
-    "offsets": "inspect and reset committed offsets and their offset maps",
-}
+#: Commands announced but not implemented yet: name -> what they will do.
+_COMING: dict[str, str] = {}
 
 
 def _config_pair(text: str) -> tuple[str, str]:
@@ -58,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
 
     demo.add_parser(commands)
     dlq.add_parser(commands)
+    offsets.add_parser(commands)
     for name, what in _COMING.items():
         commands.add_parser(name, help=f"(coming) {what}")
     return parser
@@ -107,6 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return demo.run(args)
         if args.command == "dlq":
             return dlq.run(args)
+        if args.command == "offsets":
+            return offsets.run(args)
         if args.command == "kafka" and args.kafka_command == "resolve":
             lib = _apache_kafka.resolve_jars(args.version)
             print(lib)

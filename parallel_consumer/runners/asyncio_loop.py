@@ -290,5 +290,7 @@ async def _call(handler: Handler, context: PollContext) -> _Result:
     except GeneratorExit:
         raise  # the coroutine is being closed (a task that outlived its loop): let it go
     except BaseException as exc:
-        log.error("async handler raised %r; treating it as a failure of the call", exc)
+        log.error(
+            "async handler raised %r for %r; treating it as a failure of the call", exc, context
+        )
         return None, exc

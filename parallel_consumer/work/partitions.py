@@ -104,6 +104,9 @@ class PartitionSnapshot:
     blocked: bool
     metadata_size: int
     metadata_status: str
+    #: The highest offset at and below which every polled record succeeded (the lowest
+    #: unfinished offset - 1; ``highest_seen`` when nothing is unfinished).
+    highest_sequential_succeeded: int = -1
 
 
 class PartitionState:
@@ -284,6 +287,7 @@ class PartitionState:
     def snapshot(
         self, *, blocked: bool = False, metadata_size: int = 0, metadata_status: str = "fits"
     ) -> PartitionSnapshot:
+        lowest = self.incomplete.lowest()
         return PartitionSnapshot(
             topic=self.tp[0],
             partition=self.tp[1],
@@ -296,6 +300,7 @@ class PartitionState:
             blocked=blocked,
             metadata_size=metadata_size,
             metadata_status=metadata_status,
+            highest_sequential_succeeded=self.highest_seen if lowest is None else lowest - 1,
         )
 
     def __repr__(self) -> str:

@@ -7,12 +7,14 @@ import pytest
 from parallel_consumer.cli import bench, main
 
 
-@pytest.mark.parametrize("command", ["offsets"])
-def test_announced_commands_say_they_are_coming_and_exit_2(
-    command: str, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(("command", "missing"), [("offsets", "--bootstrap"), ("dlq", "ACTION")])
+def test_commands_without_their_required_arguments_exit_2_naming_them(
+    command: str, missing: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main.main([command]) == 2
-    assert "coming soon" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main.main([command])
+    assert exited.value.code == 2
+    assert missing in capsys.readouterr().err
 
 
 def test_config_overrides_must_be_key_value(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,331 @@
+"""``pc offsets``: what a consumer group has committed, offset maps included.
+
+For each partition of the group (or of ``--topic``): the committed offset, the offset map in its
+metadata decoded (how many records above the committed offset are still unfinished, and the
+first ranges of them), the map's encoding and size against the broker's
+``offset.metadata.max.bytes``, and the lag to the partition's end. It reads maps written by this
+library and by the Java Parallel Consumer alike (the codec is byte-compatible), never joins the
+group and commits nothing, so it is safe to run beside live consumers. ``--json`` prints one
+JSON object per partition, one per line, for scripts. See docs/offsets-tool.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, TextIO
+
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from parallel_consumer._committed import CommittedReader
+from parallel_consumer.offsets import (
+    DEFAULT_MAX_METADATA_BYTES,
+    OffsetDecodeError,
+    decode_offset_map,
+    read_committed_metadata,
+)
+from parallel_consumer.offsets.errors import KafkaStreamsMetadataError
+
+__all__ = ["OffsetsError", "PartitionReport", "add_parser", "describe", "incomplete_ranges", "run"]
+
+TIMEOUT = 15.0
+#: Ranges of unfinished offsets shown per partition unless ``--ranges`` says otherwise.
+DEFAULT_RANGES = 5
+
+
+class OffsetsError(Exception):
+    """``pc offsets`` cannot go on; the message says why and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionReport:
+    """What ``pc offsets`` reports for one partition (also its ``--json`` object)."""
+
+    topic: str
+    partition: int
+    #: None: the group has committed nothing for this partition.
+    committed_offset: int | None
+    #: The partition's high watermark (the offset after its last record).
+    end_offset: int
+    #: ``end_offset - committed_offset`` (None without a committed offset).
+    lag: int | None
+    #: The offset map's encoding (the Java library's names), None without a map.
+    encoding: str | None
+    #: Bytes of committed metadata, against ``metadata_limit``.
+    metadata_bytes: int
+    metadata_limit: int
+    #: Unfinished records at or above the committed offset that the map lists.
+    incomplete_count: int
+    #: The first ``--ranges`` runs of unfinished offsets, ``[first, last]`` inclusive.
+    incomplete_ranges: list[list[int]]
+    #: The highest offset the map covers (everything up to it not listed is finished).
+    highest_seen: int | None
+    #: Why the metadata could not be decoded (None when it could, or there was none).
+    decode_error: str | None = None
+
+
+def incomplete_ranges(offsets: Sequence[int], limit: int | None) -> list[list[int]]:
+    """Sorted offsets as ``[first, last]`` runs of consecutive offsets, the first ``limit``."""
+    ranges: list[list[int]] = []
+    for offset in offsets:
+        if ranges and offset == ranges[-1][1] + 1:
+            ranges[-1][1] = offset
+            continue
+        if limit is not None and len(ranges) == limit:
+            break
+        ranges.append([offset, offset])
+    return ranges
+
+
+def describe(
+    topic: str,
+    partition: int,
+    committed: tuple[int, str | None] | None,
+    end_offset: int,
+    *,
+    exact: bool,
+    ranges: int | None,
+    metadata_limit: int = DEFAULT_MAX_METADATA_BYTES,
+) -> PartitionReport:
+    """The report of one partition from what the broker stores (pure: no Kafka here)."""
+    if committed is None or committed[0] < 0:
+        return PartitionReport(
+            topic, partition, None, end_offset, None, None, 0, metadata_limit, 0, [], None
+        )
+    offset, metadata = committed
+    metadata = metadata or ""
+    size = len(metadata.encode("utf-8"))
+    try:
+        decoded = decode_offset_map(offset, metadata, exact=exact)
+    except (OffsetDecodeError, KafkaStreamsMetadataError) as exc:
+        return PartitionReport(
+            topic,
+            partition,
+            offset,
+            end_offset,
+            max(0, end_offset - offset),
+            None,
+            size,
+            metadata_limit,
+            0,
+            [],
+            None,
+            decode_error=str(exc),
+        )
+    return PartitionReport(
+        topic,
+        partition,
+        offset,
+        end_offset,
+        max(0, end_offset - offset),
+        None if decoded.encoding is None else _java_name(decoded.encoding.name),
+        size,
+        metadata_limit,
+        len(decoded.incomplete),
+        incomplete_ranges(decoded.incomplete, ranges),
+        decoded.highest_seen,
+    )
+
+
+def _java_name(name: str) -> str:
+    """``BIT_SET_V2_COMPRESSED`` -> ``BitSetV2Compressed``, the Java library's OffsetEncoding."""
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1 up, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 0 up, got {text}")
+    return value
+
+
+def _config_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    return key.strip(), value.strip()
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "offsets", help="show a group's committed offsets, offset maps and lag"
+    )
+    parser.add_argument("--bootstrap", required=True, help="the brokers, host:port[,...]")
+    parser.add_argument("--group", required=True, help="the consumer group (group.id)")
+    parser.add_argument(
+        "--topic",
+        action="append",
+        default=[],
+        help="only this topic, every partition of it (repeatable; default: every topic the "
+        "group has committed offsets for)",
+    )
+    parser.add_argument(
+        "--config",
+        type=_config_pair,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a librdkafka client setting (security, ...; repeatable)",
+    )
+    parser.add_argument(
+        "--ranges",
+        type=_non_negative,
+        default=DEFAULT_RANGES,
+        help=f"unfinished ranges shown per partition (default {DEFAULT_RANGES}; 0: all)",
+    )
+    parser.add_argument(
+        "--metadata-limit",
+        type=_positive,
+        default=DEFAULT_MAX_METADATA_BYTES,
+        help="the broker's offset.metadata.max.bytes (default 4096)",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object per partition")
+
+
+def _client_config(args: argparse.Namespace) -> dict[str, Any]:
+    return {"bootstrap.servers": args.bootstrap, "log_level": 3, **dict(args.config)}
+
+
+def _group_partitions(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """Every partition the group has a committed offset for."""
+    admin = AdminClient(_client_config(args))
+    futures = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(args.group)])
+    answer = futures[args.group].result(timeout=TIMEOUT)
+    return sorted(
+        (tp.topic, tp.partition) for tp in answer.topic_partitions or () if tp.offset >= 0
+    )
+
+
+def _topic_partitions(consumer: Consumer, topics: Sequence[str]) -> list[tuple[str, int]]:
+    out: list[tuple[str, int]] = []
+    metadata = consumer.list_topics(timeout=TIMEOUT)
+    for topic in topics:
+        found = metadata.topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            reason = found.error if found is not None and found.error is not None else "not found"
+            raise OffsetsError(f"topic {topic!r} cannot be read ({reason}); is the name right?")
+        out.extend((topic, p) for p in sorted(found.partitions))
+    return out
+
+
+def _committed(
+    config: dict[str, Any], consumer: Consumer, tps: list[tuple[str, int]]
+) -> tuple[dict[tuple[str, int], tuple[int, str | None]], bool]:
+    """The committed offsets and metadata, and whether the metadata is exactly what was
+    committed (read with :class:`CommittedReader`) or confluent-kafka's read-back."""
+    reader = CommittedReader(config, name="pc-offsets")
+    try:
+        exact = reader.read(tps, TIMEOUT)
+    finally:
+        reader.close()
+    if exact is not None:
+        return exact, True
+    answer = consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=TIMEOUT)
+    return {
+        (tp.topic, tp.partition): (tp.offset, read_committed_metadata(tp))
+        for tp in answer
+        if tp.offset >= 0
+    }, False
+
+
+def reports(args: argparse.Namespace) -> list[PartitionReport]:
+    config = {**_client_config(args), "group.id": args.group, "enable.auto.commit": False}
+    consumer = Consumer(config)
+    try:
+        if args.topic:
+            tps = _topic_partitions(consumer, args.topic)
+        else:
+            tps = _group_partitions(args)
+            if not tps:
+                raise OffsetsError(
+                    f"group {args.group!r} has no committed offsets; is the name right? "
+                    "(--topic T shows a topic's partitions even without them)"
+                )
+        committed, exact = _committed(config, consumer, tps)
+        out = []
+        for topic, partition in tps:
+            _, end = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=TIMEOUT, cached=False
+            )
+            out.append(
+                describe(
+                    topic,
+                    partition,
+                    committed.get((topic, partition)),
+                    end,
+                    exact=exact,
+                    ranges=args.ranges or None,
+                    metadata_limit=args.metadata_limit,
+                )
+            )
+        return out
+    finally:
+        consumer.close()
+
+
+def _print_table(rows: Sequence[PartitionReport], out: TextIO) -> None:
+    header = ("TOPIC", "PART", "COMMITTED", "END", "LAG", "INCOMPLETE", "ENCODING", "METADATA")
+    lines = [header]
+    for r in rows:
+        share = 100 * r.metadata_bytes / r.metadata_limit
+        size = f"{r.metadata_bytes}/{r.metadata_limit} ({share:.0f}%)"
+        lines.append(
+            (
+                r.topic,
+                str(r.partition),
+                "-" if r.committed_offset is None else str(r.committed_offset),
+                str(r.end_offset),
+                "-" if r.lag is None else str(r.lag),
+                str(r.incomplete_count),
+                r.encoding or ("undecodable" if r.decode_error else "-"),
+                size,
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    for line in lines:
+        print(
+            "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip(),
+            file=out,
+        )
+    for r in rows:
+        if r.incomplete_ranges:
+            shown = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in r.incomplete_ranges)
+            more = (
+                " ..."
+                if sum(b - a + 1 for a, b in r.incomplete_ranges) < r.incomplete_count
+                else ""
+            )
+            print(f"{r.topic}[{r.partition}] unfinished: {shown}{more}", file=out)
+        if r.decode_error:
+            print(
+                f"{r.topic}[{r.partition}] metadata not an offset map: {r.decode_error}", file=out
+            )
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    try:
+        rows = reports(args)
+    except OffsetsError as exc:
+        print(f"pc offsets: {exc}", file=sys.stderr)
+        return 1
+    except KafkaException as exc:
+        print(f"pc offsets: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        for row in rows:
+            print(json.dumps(asdict(row), sort_keys=True), file=out)
+    else:
+        _print_table(rows, out)
+    return 0
