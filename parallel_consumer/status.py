@@ -103,6 +103,12 @@ class Statistics:
     outputs_sent: int = 0
     outputs_acknowledged: int = 0
     outputs_failed: int = 0
+    #: Handler calls that ran past Options.processing_timeout (their records were retried).
+    deadline_exceeded: int = 0
+    #: Of those, calls still running (a thread cannot be interrupted): each holds a worker.
+    overrunning_calls: int = 0
+    #: Stall episodes of single partitions so far (Options.stall_threshold; see health()).
+    partition_stalls: int = 0
 
 
 def assemble_statistics(
@@ -117,6 +123,7 @@ def assemble_statistics(
     commits: CommitTracker,
     partitions: Iterable[PartitionState],
     poller: PollerStatistics | None,
+    overrunning_calls: int = 0,
 ) -> Statistics:
     """One snapshot from the views of the controller's parts (on the controller thread)."""
     snapshots = []
@@ -152,4 +159,7 @@ def assemble_statistics(
         outputs_sent=counters.outputs_sent,
         outputs_acknowledged=counters.outputs_acknowledged,
         outputs_failed=counters.outputs_failed,
+        deadline_exceeded=counters.deadline_exceeded,
+        overrunning_calls=overrunning_calls,
+        partition_stalls=counters.partition_stalls,
     )

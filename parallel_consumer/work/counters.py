@@ -29,3 +29,8 @@ class Counters:
     outputs_failed: int = 0
     #: Times the engine found records waiting with nothing running and nothing due.
     stalls: int = 0
+    #: Handler calls abandoned past Options.processing_timeout, and late results ignored.
+    deadline_exceeded: int = 0
+    late_results: int = 0
+    #: Stall episodes of single partitions (Options.stall_threshold).
+    partition_stalls: int = 0
