@@ -9,11 +9,14 @@ from parallel_consumer.consumer import ParallelConsumer
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.errors import (
     ConfigurationError,
+    DeadlineExceeded,
     InternalError,
     ParallelConsumerError,
+    PartitionStalled,
     ProduceError,
     Retry,
 )
+from parallel_consumer.health import HealthReport, PartitionHealth, PartitionStall
 from parallel_consumer.hooks import Hooks, NoHooks, StallReport
 from parallel_consumer.options import (
     CommitMode,
@@ -21,6 +24,7 @@ from parallel_consumer.options import (
     Options,
     ProcessingOrder,
     RunnerKind,
+    StallPolicy,
 )
 from parallel_consumer.produce import ProduceResult, ProducerRecord
 from parallel_consumer.status import Lifecycle, PartitionSnapshot, PollerStatistics, Statistics
@@ -28,6 +32,8 @@ from parallel_consumer.status import Lifecycle, PartitionSnapshot, PollerStatist
 __all__ = [
     "CommitMode",
     "ConfigurationError",
+    "DeadlineExceeded",
+    "HealthReport",
     "Hooks",
     "InternalError",
     "InvalidMetadataPolicy",
@@ -36,7 +42,10 @@ __all__ = [
     "Options",
     "ParallelConsumer",
     "ParallelConsumerError",
+    "PartitionHealth",
     "PartitionSnapshot",
+    "PartitionStall",
+    "PartitionStalled",
     "PollContext",
     "PollerStatistics",
     "ProcessingOrder",
@@ -46,6 +55,7 @@ __all__ = [
     "RecordContext",
     "Retry",
     "RunnerKind",
+    "StallPolicy",
     "StallReport",
     "Statistics",
 ]

@@ -17,6 +17,7 @@ from typing import Protocol, cast
 
 from parallel_consumer.context import PollContext
 from parallel_consumer.errors import ConfigurationError
+from parallel_consumer.health import PartitionStall
 from parallel_consumer.work.commits import CommitAnswer
 from parallel_consumer.work.item import TopicPartition
 
@@ -58,6 +59,10 @@ class Hooks(Protocol):
     def on_stall(self, report: StallReport) -> None:
         """The engine found itself stalled (see :class:`StallReport`); it also logs a warning."""
 
+    def on_partition_stall(self, stall: PartitionStall) -> None:
+        """A partition made no progress for ``Options.stall_threshold`` (once per episode,
+        before the ``Options.on_stall`` action); the engine also logs a warning."""
+
     # -- runner (the thread that calls the handler) --
     def on_call_start(self, batch: int, context: PollContext) -> None:
         """Just before the handler is called."""
@@ -84,6 +89,9 @@ class NoHooks:
         pass
 
     def on_stall(self, report: StallReport) -> None:
+        pass
+
+    def on_partition_stall(self, stall: PartitionStall) -> None:
         pass
 
     def on_call_start(self, batch: int, context: PollContext) -> None:
