@@ -209,7 +209,13 @@ class ParallelConsumer:
             )
         if kind is RunnerKind.PROCESS:
             assert options.processes is not None
-            return ProcessRunner(options.processes, self._clock, name=self._name, hooks=self._hooks)
+            return ProcessRunner(
+                options.processes,
+                self._clock,
+                name=self._name,
+                hooks=self._hooks,
+                call_timeout=options.processing_timeout,
+            )
         return ThreadRunner(
             options.max_concurrency, self._clock, name=self._name, hooks=self._hooks
         )

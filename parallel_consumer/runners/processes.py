@@ -99,8 +99,13 @@ class ProcessRunner:
         name: str = "pc",
         hooks: Hooks | None = None,
         start_method: str = "spawn",
+        call_timeout: float | None = None,
     ) -> None:
         self.capacity = processes
+        #: Options.processing_timeout: a call's deadline starts again when it is shipped, so
+        #: waiting for a replacement worker to start does not count against it.
+        self._call_timeout = call_timeout
+        self._next_keep_alive = 0.0  # pool thread only
         self.backlog = processes * (PER_WORKER - 1)
         self._clock = clock
         self._name = name
@@ -246,6 +251,10 @@ class ProcessRunner:
             if timeout <= 0:
                 self._terminate_after_timeout()
                 return False
+        elif self._call_timeout is not None:
+            keep_alive = self._keep_queued_alive(self._call_timeout)
+            if keep_alive is not None:
+                timeout = keep_alive
         owners: dict[Any, _Worker] = {}
         for worker in self._workers:
             owners[worker.results] = worker
@@ -270,6 +279,20 @@ class ProcessRunner:
         self._kill_cancelled()
         self._ship()
         return True
+
+    def _keep_queued_alive(self, call_timeout: float) -> float | None:
+        """Calls waiting for a worker (one is being replaced) have not started: keep their
+        deadlines from running out meanwhile. Returns how soon to do it again."""
+        with self._lock:
+            queued = [context for _, context in self._pending]
+        if not queued:
+            return None
+        now = time.monotonic()
+        if now >= self._next_keep_alive:
+            self._next_keep_alive = now + call_timeout / 3
+            for context in queued:
+                context.extend_deadline(call_timeout)
+        return max(0.0, self._next_keep_alive - now)
 
     def _kill_cancelled(self) -> None:
         with self._lock:
@@ -396,6 +419,8 @@ class ProcessRunner:
                 chunk = [self._pending.popleft() for _ in range(share)]
             calls = []
             for batch, context in chunk:
+                if self._call_timeout is not None:
+                    context.extend_deadline(self._call_timeout)
                 hooks.on_call_start(batch, context)
                 worker.outstanding[batch] = context
                 calls.append((batch, tuple(portable_record(r) for r in context)))
