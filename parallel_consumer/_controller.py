@@ -46,8 +46,14 @@ from parallel_consumer._events import (
 from parallel_consumer._producer import Outputs
 from parallel_consumer.commit import Committer
 from parallel_consumer.context import PollContext, RecordContext
-from parallel_consumer.errors import DeadlineExceeded, InternalError, PartitionStalled, Retry
-from parallel_consumer.health import HealthReport, PartitionHealth, PartitionStall, health_report
+from parallel_consumer.errors import DeadlineExceeded, InternalError, Retry
+from parallel_consumer.health import (
+    HealthReport,
+    PartitionStall,
+    health_report,
+    partition_health,
+    stalled_error,
+)
 from parallel_consumer.hooks import Hooks, NoHooks, StallReport
 from parallel_consumer.options import (
     InvalidMetadataPolicy,
@@ -888,17 +894,7 @@ class Controller:
             )
         )
         if policy is StallPolicy.STOP:
-            raise PartitionStalled(
-                f"{topic}[{partition}] made no progress for {stall.stalled_for:.1f}s: offset "
-                f"{stall.offset} is unfinished and the committed offset ({stall.committed}) did "
-                f"not move (Options.stall_threshold={self._options.stall_threshold}s, "
-                "on_stall=STOP). Find out why that record's handler call hangs or keeps "
-                "failing; raise stall_threshold, or choose on_stall=WARN to keep running",
-                topic=topic,
-                partition=partition,
-                offset=stall.offset,
-                stalled_for=stall.stalled_for,
-            )
+            raise stalled_error(stall, self._options.stall_threshold)
         if policy is StallPolicy.DEAD_LETTER:
             item = self._blocking_item(stall.tp, stall.offset)
             if item is not None:
@@ -941,46 +937,16 @@ class Controller:
 
     def health(self) -> HealthReport:
         """The progress report of ``pc.health()`` (on the controller thread)."""
-        now = self._clock.monotonic()
-        in_flight: dict[TopicPartition, int] = {}
-        for batch in self._in_flight:
-            for item in batch.items:
-                in_flight[item.tp] = in_flight.get(item.tp, 0) + 1
-        waiting = self._shards.waiting_by_tp
-        blocked = self._commits.blocked
-        partitions = []
-        for tp, state in self._partitions.items():
-            lowest = state.incomplete.lowest()
-            track = self._progress.track(tp)
-            if track is not None and track.epoch != state.epoch:
-                track = None
-            age: float | None = None
-            if lowest is not None:
-                age = now - track.lowest_since if track and track.lowest == lowest else 0.0
-            moved = now
-            if track is not None and track.committed == state.committed_offset:
-                moved = track.moved_at
-            partitions.append(
-                PartitionHealth(
-                    topic=tp[0],
-                    partition=tp[1],
-                    committed_offset=state.committed_offset,
-                    oldest_incomplete_offset=lowest,
-                    oldest_incomplete_age=age,
-                    since_commit_moved=now - moved,
-                    in_flight=in_flight.get(tp, 0),
-                    waiting=waiting.get(tp, 0),
-                    blocked_by_metadata=tp in blocked,
-                    # (as of the last observation, unless the partition has moved since)
-                    stalled=track is not None
-                    and track.reported
-                    and track.lowest == lowest
-                    and track.committed == state.committed_offset,
-                )
-            )
         return health_report(
             self.lifecycle,
-            partitions=partitions,
+            partitions=partition_health(
+                self._partitions.values(),
+                progress=self._progress,
+                in_flight=self._in_flight,
+                waiting=self._shards.waiting_by_tp,
+                blocked=self._commits.blocked,
+                now=self._clock.monotonic(),
+            ),
             # SEAM: the dead-letter count, once statistics have one (issue #11 part A).
             dead_letter_failures=0,
             deadline_exceeded=self._counters.deadline_exceeded,

@@ -6,9 +6,15 @@ cheap: one pass over the assigned partitions and the calls in flight. See docs/h
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
+from parallel_consumer.errors import PartitionStalled
 from parallel_consumer.status import Lifecycle
+from parallel_consumer.work.inflight import Batch
+from parallel_consumer.work.item import TopicPartition
+from parallel_consumer.work.partitions import PartitionState
+from parallel_consumer.work.progress import ProgressWatch, Stall
 
 __all__ = ["HealthReport", "PartitionHealth", "PartitionStall"]
 
@@ -82,6 +88,70 @@ class HealthReport:
     reasons: tuple[str, ...]
     #: The failure that stopped the consumer, as text (None while it has not failed).
     failure: str | None = None
+
+
+def partition_health(
+    states: Iterable[PartitionState],
+    *,
+    progress: ProgressWatch,
+    in_flight: Iterable[Batch],
+    waiting: Mapping[TopicPartition, int],
+    blocked: Collection[TopicPartition],
+    now: float,
+) -> list[PartitionHealth]:
+    """One row per assigned partition, from the controller's parts (on its thread)."""
+    running: dict[TopicPartition, int] = {}
+    for batch in in_flight:
+        for item in batch.items:
+            running[item.tp] = running.get(item.tp, 0) + 1
+    rows = []
+    for state in states:
+        tp = state.tp
+        lowest = state.incomplete.lowest()
+        track = progress.track(tp)
+        if track is not None and track.epoch != state.epoch:
+            track = None
+        age: float | None = None
+        if lowest is not None:
+            age = now - track.lowest_since if track and track.lowest == lowest else 0.0
+        moved = now
+        if track is not None and track.committed == state.committed_offset:
+            moved = track.moved_at
+        rows.append(
+            PartitionHealth(
+                topic=tp[0],
+                partition=tp[1],
+                committed_offset=state.committed_offset,
+                oldest_incomplete_offset=lowest,
+                oldest_incomplete_age=age,
+                since_commit_moved=now - moved,
+                in_flight=running.get(tp, 0),
+                waiting=waiting.get(tp, 0),
+                blocked_by_metadata=tp in blocked,
+                # (as of the watch's last observation, unless the partition moved since)
+                stalled=track is not None
+                and track.reported
+                and track.lowest == lowest
+                and track.committed == state.committed_offset,
+            )
+        )
+    return rows
+
+
+def stalled_error(stall: Stall, threshold: float | None) -> PartitionStalled:
+    """The failure of ``on_stall=STOP``."""
+    topic, partition = stall.tp
+    return PartitionStalled(
+        f"{topic}[{partition}] made no progress for {stall.stalled_for:.1f}s: offset "
+        f"{stall.offset} is unfinished and the committed offset ({stall.committed}) did not "
+        f"move (Options.stall_threshold={threshold}s, on_stall=STOP). Find out why that "
+        "record's handler call hangs or keeps failing; raise stall_threshold, or choose "
+        "on_stall=WARN to keep running",
+        topic=topic,
+        partition=partition,
+        offset=stall.offset,
+        stalled_for=stall.stalled_for,
+    )
 
 
 def health_report(
