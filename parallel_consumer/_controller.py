@@ -899,32 +899,38 @@ class Controller:
             item = self._blocking_item(stall.tp, stall.offset)
             if item is not None:
                 self._on_stalled_record(item, now)
-            else:
-                log.warning(
-                    "%s[%d]@%d holds the partition but is not in a handler call (it waits for "
-                    "its retry or for a worker): nothing to end",
-                    topic,
-                    partition,
-                    stall.offset,
-                )
             # If the record holds the partition again, that is a new episode.
             self._progress.restart(stall.tp, now)
 
     def _blocking_item(self, tp: TopicPartition, offset: int) -> WorkItem | None:
-        """The in-flight record at ``offset`` of ``tp`` (a partition's lowest unfinished one)."""
+        """The record at ``offset`` of ``tp`` (a stalled partition's lowest unfinished one):
+        inside a handler call, waiting for its retry, or waiting in its lane. None if it was
+        not polled yet (an unfinished offset restored from the committed offset map)."""
         for batch in self._in_flight:
             for item in batch.items:
                 if item.offset == offset and item.tp == tp:
                     return item
-        return None
+        return self._retries.find(tp, offset) or self._shards.find(tp, offset)
 
     def _on_stalled_record(self, item: WorkItem, now: float) -> None:
-        """``on_stall=DEAD_LETTER``: ``item`` holds its stalled partition, inside a handler
-        call. For now its call is abandoned like a call past its deadline, and its records
-        take the normal failure path (DeadlineExceeded). SEAM: dead-lettering replaces this
-        body."""
+        """``on_stall=DEAD_LETTER``: ``item`` holds its stalled partition. For now, a call
+        running it is abandoned like a call past its deadline, and its records take the
+        normal failure path (DeadlineExceeded); a record waiting for its retry or for a
+        worker is left as it is. SEAM: dead-lettering replaces this body (``item`` may be in
+        flight, in the retry queue or in its lane)."""
+        threshold = self._options.stall_threshold
+        assert threshold is not None
         for batch in self._in_flight:
             if item in batch.items:
+                if now - batch.started_at < threshold:
+                    # A new attempt (say, its retry) only just started: give it its chance.
+                    log.info(
+                        "%s[%d]@%d holds the partition; its call started %.1fs ago: left to run",
+                        *item.tp,
+                        item.offset,
+                        now - batch.started_at,
+                    )
+                    return
                 self._in_flight.pop(batch.id)
                 self._deadlines.expire(batch.id)
                 error = DeadlineExceeded(
@@ -934,6 +940,12 @@ class Controller:
                 )
                 self._abandon(batch, error, now)
                 return
+        log.warning(
+            "%s[%d]@%d holds the partition but is not in a handler call (it waits for its "
+            "retry or for a worker): nothing to end",
+            *item.tp,
+            item.offset,
+        )
 
     def health(self) -> HealthReport:
         """The progress report of ``pc.health()`` (on the controller thread)."""

@@ -243,3 +243,42 @@ def test_health_before_start_and_after_close(harness, cluster, wait_until):
     report = pc.health()
     assert not report.healthy
     assert report.reasons == ("lifecycle is CLOSED",)
+
+
+def test_on_stall_dead_letter_finds_a_record_waiting_for_its_retry(
+    harness, cluster, clock, wait_until, caplog
+):
+    # Given a record that failed and waits 100 s for its retry, with stall_threshold=10
+    cluster.create_topic("t")
+    cluster.produce("t", b"x", key=b"a")
+    attempts: list[int] = []
+
+    def handle(ctx: PollContext) -> None:
+        attempts.append(ctx.attempts)
+        if ctx.attempts == 0:
+            raise RuntimeError("down")
+
+    hooks = StallHooks()
+    pc = harness.make(
+        Options(stall_threshold=10, on_stall="dead_letter", retry_delay=100, commit_interval=1000),
+        clock=clock,
+        hooks=hooks,
+    )
+    pc.poll(handle)
+    wait_until(lambda: attempts == [0])
+    wait_until(lambda: pc.statistics().retry_waiting == 1)
+    # When the partition stalls, then the record holding it is selected (it waits for its
+    # retry, so there is no call to end: it is left to its retry)
+    with caplog.at_level(logging.WARNING, logger="parallel_consumer"):
+        clock.advance(10)
+        wait_until(lambda: hooks.stalls)
+        pc.statistics()
+    assert hooks.stalls[0].offset == 0
+    assert any("t[0]@0 holds the partition" in r.getMessage() for r in caplog.records)
+    assert attempts == [0]
+    # When its retry starts later, then that call gets its chance: it is not abandoned at once
+    # although the partition has been held for long
+    clock.advance(90)
+    wait_until(lambda: pc.statistics().records_succeeded == 1)
+    assert attempts == [0, 1]
+    assert pc.statistics().deadline_exceeded == 0

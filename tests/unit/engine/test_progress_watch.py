@@ -105,3 +105,28 @@ def test_expire_forget_and_compaction():
         deadlines.ended(batch)
     assert len(deadlines._heap) < 200  # ended calls do not pile up
     assert deadlines.expired(10_000) == []
+
+
+def test_the_record_holding_a_partition_is_found_in_its_lane_or_the_retry_queue():
+    from confluent_kafka import Message
+
+    from parallel_consumer.options import ProcessingOrder
+    from parallel_consumer.retry import RetryQueue
+    from parallel_consumer.work.item import WorkItem
+    from parallel_consumer.work.shards import ShardMap
+
+    def item(offset: int, key: bytes) -> WorkItem:
+        message = Message(topic="t", partition=0, offset=offset, key=key)
+        return WorkItem(message, TP, ("t", 0, key), 1)
+
+    shards = ShardMap(ProcessingOrder.KEY)
+    waiting = [item(3, b"a"), item(4, b"b")]
+    shards.add(TP, waiting)
+    assert shards.find(TP, 4) is waiting[1]
+    assert shards.find(TP, 5) is None
+    assert shards.find(("t", 1), 3) is None
+    retries = RetryQueue()
+    failed = item(1, b"c")
+    retries.push(failed, 10.0)
+    assert retries.find(TP, 1) is failed
+    assert retries.find(TP, 3) is None
