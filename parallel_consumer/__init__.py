@@ -10,13 +10,16 @@ from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.errors import (
     ConfigurationError,
     DeadLetter,
+    DeadlineExceeded,
     InternalError,
     ParallelConsumerError,
+    PartitionStalled,
     ProduceError,
     RetriesExhausted,
     Retry,
     Skip,
 )
+from parallel_consumer.health import HealthReport, PartitionHealth, PartitionStall
 from parallel_consumer.hooks import Hooks, NoHooks, StallReport
 from parallel_consumer.options import (
     CommitMode,
@@ -25,6 +28,7 @@ from parallel_consumer.options import (
     Options,
     ProcessingOrder,
     RunnerKind,
+    StallPolicy,
 )
 from parallel_consumer.produce import ProduceResult, ProducerRecord
 from parallel_consumer.retry import exponential_backoff
@@ -34,6 +38,8 @@ __all__ = [
     "CommitMode",
     "ConfigurationError",
     "DeadLetter",
+    "DeadlineExceeded",
+    "HealthReport",
     "Hooks",
     "InternalError",
     "InvalidMetadataPolicy",
@@ -43,7 +49,10 @@ __all__ = [
     "Options",
     "ParallelConsumer",
     "ParallelConsumerError",
+    "PartitionHealth",
     "PartitionSnapshot",
+    "PartitionStall",
+    "PartitionStalled",
     "PollContext",
     "PollerStatistics",
     "ProcessingOrder",
@@ -55,6 +64,7 @@ __all__ = [
     "Retry",
     "RunnerKind",
     "Skip",
+    "StallPolicy",
     "StallReport",
     "Statistics",
     "exponential_backoff",

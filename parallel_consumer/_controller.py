@@ -12,6 +12,7 @@ runner.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -27,6 +28,7 @@ from parallel_consumer._events import (
     CommitResult,
     Control,
     ControllerEvent,
+    DeadlineExtended,
     OutputsDelivered,
     PartitionsAssigned,
     PartitionsLost,
@@ -45,9 +47,29 @@ from parallel_consumer._events import (
 from parallel_consumer._producer import Outputs
 from parallel_consumer.commit import Committer
 from parallel_consumer.context import PollContext, RecordContext
-from parallel_consumer.errors import DeadLetter, InternalError, RetriesExhausted, Retry, Skip
+from parallel_consumer.dead_letter import Reason
+from parallel_consumer.errors import (
+    DeadLetter,
+    DeadlineExceeded,
+    InternalError,
+    RetriesExhausted,
+    Retry,
+    Skip,
+)
+from parallel_consumer.health import (
+    HealthReport,
+    PartitionStall,
+    health_report,
+    partition_health,
+    stalled_error,
+)
 from parallel_consumer.hooks import Hooks, NoHooks, StallReport
-from parallel_consumer.options import InvalidMetadataPolicy, Options, ProcessingOrder
+from parallel_consumer.options import (
+    InvalidMetadataPolicy,
+    Options,
+    ProcessingOrder,
+    StallPolicy,
+)
 from parallel_consumer.produce import ProduceError, ProduceResult, outputs_of
 from parallel_consumer.retry import RetryQueue
 from parallel_consumer.runners.base import Handler, Runner
@@ -56,6 +78,7 @@ from parallel_consumer.work.backpressure import Pauses
 from parallel_consumer.work.commits import CommitAnswer, CommitTracker, OffsetCommit
 from parallel_consumer.work.counters import Counters
 from parallel_consumer.work.credit import credit_chunk
+from parallel_consumer.work.deadlines import Deadlines
 from parallel_consumer.work.inflight import Batch, InFlight
 from parallel_consumer.work.item import TopicPartition, WorkItem
 from parallel_consumer.work.outcomes import (
@@ -68,6 +91,7 @@ from parallel_consumer.work.outcomes import (
 )
 from parallel_consumer.work.outputs import Pending, PendingOutputs, TransactionGate
 from parallel_consumer.work.partitions import PartitionState, restored_state
+from parallel_consumer.work.progress import ProgressWatch, Stall
 from parallel_consumer.work.shards import ShardMap, shard_key_for
 from parallel_consumer.work.stall import StallWatch
 
@@ -134,6 +158,17 @@ class Controller:
             partition_order=options.ordering is ProcessingOrder.PARTITION,
         )
         self._stall = StallWatch()
+        #: Deadlines of calls in flight, and calls still running past theirs (docs/deadlines.md).
+        self._deadlines = Deadlines()
+        self._timeout = options.processing_timeout
+        #: Per-partition progress, for stall detection and health() (docs/health.md).
+        self._progress = ProgressWatch(options.stall_threshold)
+        #: When to observe every partition's progress next (None: nothing to watch).
+        self._progress_at: float | None = 0.0
+        #: Partitions whose lowest unfinished offset may have changed: observed this turn, so
+        #: stall clocks start when it happens, not at the next full pass.
+        self._progress_moved: set[TopicPartition] = set()
+        self._progress_every = min(1.0, (options.stall_threshold or 10.0) / 10)
         self._next_commit = 0.0
         self._close: Closing | None = None
         # -- poll_and_produce (None / unused for poll) --
@@ -256,6 +291,9 @@ class Controller:
             self._release_due_retries(now)
         for tp in self._commits.take_to_unpark():
             self._shards.unpark(tp)
+        due = self._deadlines.next_at()
+        if due is not None and now >= due:
+            self._expire_calls(now)
         self._dispatch(now)
         if now >= self._next_commit:
             if self._gate is None:
@@ -275,6 +313,11 @@ class Controller:
             self._poller.send(Release(release))
             self._to_release = 0
         self._watch_for_stall(now)
+        if self._progress_at is not None and now >= self._progress_at:
+            self._watch_partitions(now)
+        elif self._progress_moved:
+            self._watch_partitions(now, self._progress_moved)
+        self._progress_moved.clear()
         return self._close is not None and self._close_step(now)
 
     def _assert_owner(self) -> None:
@@ -290,9 +333,14 @@ class Controller:
         due = self._retries.next_due()
         if due is not None and due < deadline:
             deadline = due
-        for wake in (self._pauses.wake_at(), self._stall.wake_at()):
-            # A paused partition resumes once its backlog drained, and a stall is reported,
-            # even if no event arrives to wake the loop.
+        for wake in (
+            self._pauses.wake_at(),
+            self._stall.wake_at(),
+            self._deadlines.next_at(),
+            self._progress_at,
+        ):
+            # A paused partition resumes once its backlog drained, a stall is reported and a
+            # call past its deadline is failed, even if no event arrives to wake the loop.
             if wake is not None and wake < deadline:
                 deadline = wake
         if self._close is not None:
@@ -307,6 +355,9 @@ class Controller:
             return
         if isinstance(event, OutputsDelivered):
             self._on_delivered(event)
+            return
+        if isinstance(event, DeadlineExtended):
+            self._deadlines.extend(event.batch, event.until)
             return
         # Anything else may change the assignment, the lifecycle or the backlog.
         self._pauses.stale = True
@@ -363,6 +414,9 @@ class Controller:
                 counters.skipped += skipped
                 self._to_release += skipped
             items = [WorkItem(m, tp, shard_key_for(ordering, tp, m.key()), epoch) for m in fresh]
+            track = self._progress.track(tp)
+            if fresh and (track is None or track.lowest is None):
+                self._progress_moved.add(tp)
             if self._history:
                 self._recall_failures(tp, items)
             shards.add(tp, items)
@@ -431,6 +485,7 @@ class Controller:
         if self._letters is not None:
             self._letters.forget(tp)
         self._commits.forget(tp)
+        self._progress.forget(tp)
         # Its records in flight (or whose outputs are on their way) come back as stale results
         # and return their credit then; until they do, their lanes stay busy for the
         # partition's next assignment. (Those of still earlier assignments are held already.)
@@ -448,10 +503,11 @@ class Controller:
         take = self._shards.take
         blocked = self._commits.blocked
         in_flight = self._in_flight
-        capacity = self._runner.capacity + self._runner.backlog
+        capacity = self._call_limit()
         batch_size = self._options.batch_size
         submit = self._runner.submit
         on_dispatch = self._hooks.on_dispatch
+        timeout = self._timeout
         while len(in_flight) < capacity:
             items: list[WorkItem] = []
             while len(items) < batch_size:
@@ -461,17 +517,40 @@ class Controller:
                 items.append(item)
             if not items:
                 return
-            batch = in_flight.add(items, now)
-            context = PollContext(
-                [
-                    RecordContext(i.message, i.attempts, i.last_failure, i.last_failure_at)
-                    for i in items
-                ]
-            )
+            records = [
+                RecordContext(i.message, i.attempts, i.last_failure, i.last_failure_at)
+                for i in items
+            ]
+            if timeout is None:
+                batch = in_flight.add(items, now)
+                context = PollContext(records)
+            else:
+                batch = in_flight.add(items, now, now + timeout)
+                self._deadlines.started(batch.id, now + timeout)
+                context = PollContext(
+                    records, keep_alive=functools.partial(self._keep_alive, batch.id)
+                )
             on_dispatch(batch.id, context)
             submit(batch.id, context)
 
+    def _call_limit(self) -> int:
+        """How many calls may be in flight. With deadlines there is no backlog inside the
+        runner (a call's deadline measures the call, not a wait for a worker), and calls
+        past their deadline that still run hold a worker each."""
+        runner = self._runner
+        backlog = runner.backlog if self._timeout is None else 0
+        return runner.capacity + backlog - self._deadlines.overruns
+
+    def _keep_alive(self, batch: int, seconds: float) -> None:
+        # Runs on the handler's thread (or the process pool's): it only posts.
+        self.post(DeadlineExtended(batch, self._clock.monotonic() + seconds))
+
     def _on_work_done(self, event: WorkDone) -> None:
+        if self._deadlines.ended(event.batch):
+            # The call ran past its deadline and its records went on without it.
+            self._counters.late_results += 1
+            log.info("the late result of handler call %d is ignored", event.batch)
+            return
         batch = self._in_flight.pop(event.batch)
         if batch is None:
             return  # taken back from the runner on close
@@ -522,6 +601,9 @@ class Controller:
     def _finish(self, item: WorkItem, state: PartitionState) -> None:
         """``item`` is done (processed, skipped or dead-lettered): its offset may commit."""
         self._to_release += 1
+        track = self._progress.track(item.tp)
+        if track is not None and track.lowest == item.offset:
+            self._progress_moved.add(item.tp)  # the partition's stall watch sees progress
         state.succeeded(item.offset)
         if item.attempts and self._history:
             self._history.pop((item.tp, item.offset), None)
@@ -837,7 +919,7 @@ class Controller:
     def _starving(self) -> bool:
         """Workers are idle while records wait: every waiting record is behind a busy lane."""
         return (
-            len(self._in_flight) < self._runner.capacity + self._runner.backlog
+            len(self._in_flight) < self._call_limit()
             and self._shards.waiting > 0
             and not self._shards.has_ready()
         )
@@ -861,6 +943,7 @@ class Controller:
                 and not self._in_flight
                 and not self._pending
                 and not self._retries
+                and not self._deadlines.overruns  # hung calls hold every worker
                 and self.lifecycle in (Lifecycle.RUNNING, Lifecycle.DRAINING)
             ),
         )
@@ -878,12 +961,187 @@ class Controller:
         log.warning("no progress: %s; %r %r", report, self._shards, self._commits)
         self._hooks.on_stall(report)
 
+    # -- deadlines and partition progress (docs/deadlines.md, docs/health.md) -------------------
+
+    def _expire_calls(self, now: float) -> None:
+        for batch_id in self._deadlines.expired(now):
+            batch = self._in_flight.pop(batch_id)
+            if batch is None:  # pragma: no cover - a watched call is in flight
+                self._deadlines.forget_overrun(batch_id)
+                continue
+            assert self._timeout is not None
+            self._counters.deadline_exceeded += 1
+            error = DeadlineExceeded(
+                f"the handler call ran past its deadline (processing_timeout="
+                f"{self._timeout:g}s) and was abandoned"
+            )
+            self._abandon(batch, error, now)
+
+    def _abandon(self, batch: Batch, error: BaseException, now: float) -> None:
+        """Fail ``batch``'s records now (``batch`` is already out of the in-flight table and
+        an overrun in ``_deadlines``) and ask the runner to end the call. Whatever the call
+        reports later is ignored: the records go on through the normal failure path."""
+        first = batch.items[0]
+        log.warning(
+            "%s[%d]@%d%s: handler call %d abandoned after %.1fs (%s); its records are retried, "
+            "and its result, if it ever comes, ignored",
+            *first.tp,
+            first.offset,
+            f" (+{len(batch.items) - 1} more)" if len(batch.items) > 1 else "",
+            batch.id,
+            now - batch.started_at,
+            error,
+        )
+        errors = (error,) * len(batch.items)
+        self._hooks.on_work_done(batch.id, errors, now - batch.started_at)
+        # The asyncio runner cancels the task, the process runner replaces the worker
+        # process; a thread runs on (it holds a worker until it returns: see _call_limit).
+        self._runner.cancel(batch.id, error)
+        self._settle(batch, errors, now)
+
+    def _watch_partitions(self, now: float, only: set[TopicPartition] | None = None) -> None:
+        """Observe the progress of every partition (or ``only`` those); act on partitions
+        found stalled."""
+        progress = self._progress
+        stalls: list[Stall] = []
+        if self.lifecycle is Lifecycle.RUNNING or self.lifecycle is Lifecycle.DRAINING:
+            partitions = self._partitions
+            for tp in partitions if only is None else only:
+                state = partitions.get(tp)
+                if state is None:
+                    continue
+                stall = progress.observe(
+                    tp,
+                    epoch=state.epoch,
+                    lowest=state.incomplete.lowest(),
+                    committed=state.committed_offset,
+                    now=now,
+                )
+                if stall is not None:
+                    stalls.append(stall)
+        if only is None:
+            wake = progress.wake_at()
+            if progress.watching:
+                periodic = now + self._progress_every
+                wake = periodic if wake is None else min(wake, periodic)
+            self._progress_at = wake
+        elif self._progress_at is None or self._progress_at > now + self._progress_every:
+            self._progress_at = now + self._progress_every
+        for stall in stalls:
+            self._on_partition_stall(stall, now)
+
+    def _on_partition_stall(self, stall: Stall, now: float) -> None:
+        policy = self._options.on_stall
+        topic, partition = stall.tp
+        self._counters.partition_stalls += 1
+        log.warning(
+            "%s[%d] stalled: offset %d unfinished and the committed offset (%s) unmoved for "
+            "%.1fs (stall_threshold=%ss); on_stall=%s",
+            topic,
+            partition,
+            stall.offset,
+            stall.committed,
+            stall.stalled_for,
+            self._options.stall_threshold,
+            policy.name,
+        )
+        self._hooks.on_partition_stall(
+            PartitionStall(
+                topic, partition, stall.offset, stall.committed, stall.stalled_for, policy.value
+            )
+        )
+        if policy is StallPolicy.STOP:
+            raise stalled_error(stall, self._options.stall_threshold)
+        if policy is StallPolicy.DEAD_LETTER:
+            item = self._blocking_item(stall.tp, stall.offset)
+            if item is not None:
+                self._on_stalled_record(item, now)
+            # If the record holds the partition again, that is a new episode.
+            self._progress.restart(stall.tp, now)
+
+    def _blocking_item(self, tp: TopicPartition, offset: int) -> WorkItem | None:
+        """The record at ``offset`` of ``tp`` (a stalled partition's lowest unfinished one):
+        inside a handler call, waiting for its retry, or waiting in its lane. None if it was
+        not polled yet (an unfinished offset restored from the committed offset map)."""
+        for batch in self._in_flight:
+            for item in batch.items:
+                if item.offset == offset and item.tp == tp:
+                    return item
+        return self._retries.find(tp, offset) or self._shards.find(tp, offset)
+
+    def _on_stalled_record(self, item: WorkItem, now: float) -> None:
+        """``on_stall=DEAD_LETTER``: ``item`` holds its stalled partition; dead-letter it.
+
+        A call running it is abandoned like a call past its deadline (a thread runs on, its
+        late result ignored; an async call is cancelled; a worker process is replaced), unless
+        that attempt only just started (say, its retry), which gets its chance. The record is
+        then written to the dead-letter topic (reason ``stalled``) instead of being retried, and
+        its offset commits once the letter is acknowledged. A record waiting for its retry is
+        dead-lettered at once. A record waiting in its lane for a worker is not what holds the
+        partition up (the workers are busy elsewhere): it is left alone."""
+        threshold = self._options.stall_threshold
+        assert threshold is not None
+        error: BaseException | None = None
+        for batch in self._in_flight:
+            if item in batch.items:
+                if now - batch.started_at < threshold:
+                    log.info(
+                        "%s[%d]@%d holds the partition; its call started %.1fs ago: left to run",
+                        *item.tp,
+                        item.offset,
+                        now - batch.started_at,
+                    )
+                    return
+                self._in_flight.pop(batch.id)
+                self._deadlines.expire(batch.id)
+                error = DeadlineExceeded(
+                    f"{item.tp[0]}[{item.tp[1]}]@{item.offset} held its partition for longer "
+                    f"than stall_threshold={threshold}s (on_stall=DEAD_LETTER)"
+                )
+                # Its records fail (the other records of a batch are retried as usual) ...
+                self._abandon(batch, error, now)
+                break
+        # ... and the record holding the partition goes to the dead-letter topic instead.
+        if self._retries.find(item.tp, item.offset) is item:
+            if error is None:
+                error = item.last_failure
+            self._dead_letter_now(item, error, Reason.STALLED)
+            return
+        if error is None:
+            log.warning(
+                "%s[%d]@%d holds the partition but is neither in a handler call nor waiting for "
+                "its retry (it waits for a worker): nothing to dead-letter",
+                *item.tp,
+                item.offset,
+            )
+
+    def health(self) -> HealthReport:
+        """The progress report of ``pc.health()`` (on the controller thread)."""
+        return health_report(
+            self.lifecycle,
+            partitions=partition_health(
+                self._partitions.values(),
+                progress=self._progress,
+                in_flight=self._in_flight,
+                waiting=self._shards.waiting_by_tp,
+                blocked=self._commits.blocked,
+                now=self._clock.monotonic(),
+            ),
+            dead_letter_failures=self._counters.dead_letter_failures,
+            deadline_exceeded=self._counters.deadline_exceeded,
+            overrunning_calls=self._deadlines.overruns,
+            stall_threshold=self._options.stall_threshold,
+            failure=self._failure,
+        )
+
     # -- control and close --------------------------------------------------------------------
 
     def _on_control(self, event: Control) -> None:
         action = event.action
         if action == "statistics":
             event.reply.set_result(self.statistics())
+        elif action == "health":
+            event.reply.set_result(self.health())
         elif action == "pause":
             if self.lifecycle is Lifecycle.RUNNING:
                 self.lifecycle = Lifecycle.PAUSED
@@ -891,6 +1149,9 @@ class Controller:
         elif action == "resume":
             if self.lifecycle is Lifecycle.PAUSED:
                 self.lifecycle = Lifecycle.RUNNING
+                # Nothing could progress while paused: stall clocks start again.
+                self._progress.restart_all(self._clock.monotonic())
+                self._progress_at = 0.0
             event.reply.set_result(self.lifecycle)
         elif action == "close":
             timeout = self._options.shutdown_timeout if event.timeout is None else event.timeout
@@ -916,6 +1177,8 @@ class Controller:
         for tp in list(self._partitions):
             self._to_release += self._shards.remove_partition(tp)
         for batch_id in self._runner.cancel_queued():
+            self._deadlines.forget_overrun(batch_id)
+            self._deadlines.ended(batch_id)
             batch = self._in_flight.pop(batch_id)
             if batch is not None:
                 self._to_release += len(batch.items)
@@ -988,6 +1251,8 @@ class Controller:
             if isinstance(event, Control):
                 if event.action == "statistics":
                     event.reply.set_result(self.statistics())
+                elif event.action == "health":
+                    event.reply.set_result(self.health())
                 else:
                     event.reply.set_result(self.lifecycle)
             elif isinstance(event, PartitionsRevoked):
@@ -1007,6 +1272,7 @@ class Controller:
             commits=self._commits,
             partitions=self._partitions.values(),
             poller=self._poller.statistics(),
+            overrunning_calls=self._deadlines.overruns,
         )
 
     def __repr__(self) -> str:

@@ -17,6 +17,7 @@ __all__ = [
     "CommitResult",
     "Control",
     "ControllerEvent",
+    "DeadlineExtended",
     "OffsetCommit",
     "OutputsDelivered",
     "PartitionsAssigned",
@@ -167,6 +168,15 @@ class Control:
     timeout: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class DeadlineExtended:
+    """A handler asked to keep its call alive (``PollContext.extend_deadline``): the call's
+    deadline becomes at least ``until`` (engine clock). Posted from the handler's thread."""
+
+    batch: int
+    until: float
+
+
 ControllerEvent = (
     RecordsPolled
     | PartitionsAssigned
@@ -180,6 +190,7 @@ ControllerEvent = (
     | OutputsDelivered
     | ProducerFailed
     | Control
+    | DeadlineExtended
 )
 
 

@@ -92,6 +92,8 @@ def dead_lettering(options: Options) -> bool:
     """See :attr:`Options.dead_lettering`."""
     if options.dead_letter_topic is not None:
         return True
+    if options.on_stall.name == "DEAD_LETTER":  # StallPolicy (options.py imports this module)
+        return True
     return options.on_retries_exhausted is OnExhausted.DEAD_LETTER and (
         options.max_retries is not None or bool(options.non_retryable)
     )

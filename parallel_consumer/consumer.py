@@ -29,6 +29,7 @@ from parallel_consumer._producer import Outputs
 from parallel_consumer.commit import Committer, ConsumerCommitter, TransactionalCommitter
 from parallel_consumer.context import PollContext
 from parallel_consumer.errors import ConfigurationError, ParallelConsumerError
+from parallel_consumer.health import HealthReport
 from parallel_consumer.hooks import Hooks, guarded
 from parallel_consumer.options import Options, RunnerKind
 from parallel_consumer.produce import ProduceResult
@@ -182,6 +183,7 @@ class ParallelConsumer:
                 group=config["group.id"],
                 statistics=self.statistics,
                 max_metadata_bytes=options.max_metadata_bytes,
+                health=self.health,
             )
         safe_hooks = guarded(hooks)
         self._hooks = safe_hooks
@@ -229,7 +231,13 @@ class ParallelConsumer:
             )
         if kind is RunnerKind.PROCESS:
             assert options.processes is not None
-            return ProcessRunner(options.processes, self._clock, name=self._name, hooks=self._hooks)
+            return ProcessRunner(
+                options.processes,
+                self._clock,
+                name=self._name,
+                hooks=self._hooks,
+                call_timeout=options.processing_timeout,
+            )
         return ThreadRunner(
             options.max_concurrency, self._clock, name=self._name, hooks=self._hooks
         )
@@ -436,6 +444,16 @@ class ParallelConsumer:
         if answer is None:  # not running: the controller thread is not there to ask
             return self._controller.statistics()
         result: Statistics = answer
+        return result
+
+    def health(self) -> HealthReport:
+        """Whether the consumer is alive and making progress: per-partition progress, stalled
+        partitions and the reasons (see :class:`~parallel_consumer.health.HealthReport` and
+        docs/health.md). Thread-safe and cheap; meant for liveness probes."""
+        answer = self._ask("health")
+        if answer is None:  # not running: the controller thread is not there to ask
+            return self._controller.health()
+        result: HealthReport = answer
         return result
 
     def _ask(self, action: str) -> Any:

@@ -6,8 +6,9 @@ A :class:`RecordContext` is a snapshot taken when the record is dispatched: its 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
+import math
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 __all__ = ["PollContext", "RecordContext"]
@@ -90,10 +91,17 @@ class PollContext(Sequence[RecordContext]):
     :meth:`fail` fails single records of a batch while the others succeed.
     """
 
-    __slots__ = ("_failed", "_records")
+    __slots__ = ("_failed", "_keep_alive", "_records")
 
-    def __init__(self, records: Sequence[RecordContext]) -> None:
+    def __init__(
+        self,
+        records: Sequence[RecordContext],
+        *,
+        keep_alive: Callable[[float], None] | None = None,
+    ) -> None:
         self._records = tuple(records)
+        #: Set by the engine when the call has a deadline (``Options.processing_timeout``).
+        self._keep_alive = keep_alive
         #: Index -> exception, set by fail() on the thread that runs the handler.
         self._failed: dict[int, BaseException] = {}
 
@@ -141,6 +149,29 @@ class PollContext(Sequence[RecordContext]):
         if not failed:
             return (None,) * len(self._records)
         return tuple(failed.get(index) for index in range(len(self._records)))
+
+    def extend_deadline(self, seconds: float | timedelta) -> None:
+        """Keep this call's records alive: its deadline becomes at least ``seconds`` from now.
+
+        Only meaningful with ``Options.processing_timeout``; without one (or on a context built
+        by hand, as in a unit test of a handler) it does nothing. Thread-safe and non-blocking:
+        call it from the handler's thread, from an ``async def`` handler, from a thread the
+        handler started, or from a handler in a worker process of ``runner="process"`` (it
+        travels over the worker's pipe). See docs/deadlines.md.
+        """
+        if isinstance(seconds, timedelta):
+            seconds = seconds.total_seconds()
+        if (
+            not isinstance(seconds, int | float)
+            or isinstance(seconds, bool)
+            or not math.isfinite(seconds)
+            or seconds <= 0
+        ):
+            raise ValueError(
+                f"extend_deadline() takes seconds > 0 (int, float or timedelta), got {seconds!r}"
+            )
+        if self._keep_alive is not None:
+            self._keep_alive(float(seconds))
 
     @property
     def records(self) -> tuple[RecordContext, ...]:

@@ -11,8 +11,10 @@ from datetime import timedelta
 __all__ = [
     "ConfigurationError",
     "DeadLetter",
+    "DeadlineExceeded",
     "InternalError",
     "ParallelConsumerError",
+    "PartitionStalled",
     "ProduceError",
     "RetriesExhausted",
     "Retry",
@@ -34,6 +36,31 @@ class InternalError(ParallelConsumerError):
     It is stored in ``ParallelConsumer.failure`` and re-raised by ``wait()`` and ``close()``;
     the original exception, if any, is its ``__cause__``.
     """
+
+
+class DeadlineExceeded(ParallelConsumerError):
+    """A handler call ran past ``Options.processing_timeout`` (see docs/deadlines.md).
+
+    It is the failure of each record of the call (``RecordContext.last_failure``), which then
+    takes the normal failure path: retried after the retry delay like any other failure. The
+    call itself was cancelled (asyncio), its worker process replaced (process runner) or, on a
+    thread that cannot be interrupted, left to finish with its late result ignored.
+    """
+
+
+class PartitionStalled(InternalError):
+    """``Options.on_stall=StallPolicy.STOP``: a partition made no progress for
+    ``Options.stall_threshold``; the consumer stopped (see docs/health.md)."""
+
+    def __init__(
+        self, message: str, *, topic: str, partition: int, offset: int, stalled_for: float
+    ) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        #: The partition's lowest unfinished offset: the record that held it.
+        self.offset = offset
+        self.stalled_for = stalled_for
 
 
 class ProduceError(ParallelConsumerError):

@@ -17,6 +17,7 @@ from typing import Protocol, cast
 
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.errors import ConfigurationError
+from parallel_consumer.health import PartitionStall
 from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
 from parallel_consumer.work.item import TopicPartition
 
@@ -83,6 +84,10 @@ class Hooks(Protocol):
     def on_skip(self, record: RecordContext, error: BaseException | None, reason: str) -> None:
         """``record`` was given up on without a dead letter (``Skip``, or the SKIP policy)."""
 
+    def on_partition_stall(self, stall: PartitionStall) -> None:
+        """A partition made no progress for ``Options.stall_threshold`` (once per episode,
+        before the ``Options.on_stall`` action); the engine also logs a warning."""
+
     # -- runner (the thread that calls the handler) --
     def on_call_start(self, batch: int, context: PollContext) -> None:
         """Just before the handler is called."""
@@ -129,6 +134,9 @@ class NoHooks:
         pass
 
     def on_skip(self, record: RecordContext, error: BaseException | None, reason: str) -> None:
+        pass
+
+    def on_partition_stall(self, stall: PartitionStall) -> None:
         pass
 
     def on_call_start(self, batch: int, context: PollContext) -> None:

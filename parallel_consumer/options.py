@@ -30,6 +30,7 @@ __all__ = [
     "Options",
     "ProcessingOrder",
     "RunnerKind",
+    "StallPolicy",
 ]
 
 Duration = float | int | timedelta
@@ -96,6 +97,20 @@ class InvalidMetadataPolicy(enum.Enum):
     REPLAY = "replay"
     #: Stop the consumer with an :class:`~parallel_consumer.errors.InternalError`.
     FAIL = "fail"
+
+
+class StallPolicy(enum.Enum):
+    """What to do when a partition made no progress for ``Options.stall_threshold`` (see
+    docs/health.md)."""
+
+    #: Log a warning once per episode and call ``Hooks.on_partition_stall``.
+    WARN = "warn"
+    #: Warn, then fail the record holding the partition (its lowest unfinished offset) through
+    #: the normal failure path, as if its call had passed its deadline.
+    DEAD_LETTER = "dead_letter"
+    #: Warn, then stop the consumer with a :class:`~parallel_consumer.errors.PartitionStalled`
+    #: failure.
+    STOP = "stop"
 
 
 def _seconds(name: str, value: object, *, allow_zero: bool = True) -> float:
@@ -197,6 +212,15 @@ class Options:
     invalid_metadata_policy: InvalidMetadataPolicy = InvalidMetadataPolicy.REPLAY
     #: Most records the poller takes from the client per ``consume()`` call.
     fetch_batch_size: int = 500
+    #: Longest a handler call may run before its records fail with ``DeadlineExceeded`` and are
+    #: retried (``None``: no deadline). A handler extends it with ``ctx.extend_deadline()``.
+    #: See docs/deadlines.md for what each runner does with a call past its deadline.
+    processing_timeout: float | None = None
+    #: A partition whose lowest unfinished record has held it, and whose committed offset has
+    #: not moved, for this long counts as stalled (``None``: never). See docs/health.md.
+    stall_threshold: float | None = 60.0
+    #: What to do about a stalled partition (see :class:`StallPolicy`).
+    on_stall: StallPolicy = StallPolicy.WARN
     #: Prefix of the instance's thread names (``<name>-<n>-controller``, ``-poller``,
     #: ``-worker-<i>``, ``-aio-loop``, ``-proc-pool``; ``n`` counts instances in the process).
     name: str = field(default="pc")
@@ -237,6 +261,14 @@ class Options:
         )
         setattr_(self, "retry_delay", _seconds("retry_delay", self.retry_delay))
         setattr_(self, "shutdown_timeout", _seconds("shutdown_timeout", self.shutdown_timeout))
+        for name, off in (("processing_timeout", "deadline"), ("stall_threshold", "detection")):
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    setattr_(self, name, _seconds(name, value, allow_zero=False))
+                except ConfigurationError as exc:
+                    raise ConfigurationError(f"{exc} (None for no {off})") from None
+        setattr_(self, "on_stall", _member("on_stall", StallPolicy, self.on_stall))
         if self.retry_delay_provider is not None and not callable(self.retry_delay_provider):
             raise ConfigurationError(
                 "Options.retry_delay_provider must be a callable taking a RecordContext, "
@@ -268,8 +300,8 @@ class Options:
     def dead_lettering(self) -> bool:
         """Records may be dead-lettered: ``dead_letter_topic`` is set, or
         ``on_retries_exhausted`` is DEAD_LETTER and retries can be exhausted (``max_retries``
-        or ``non_retryable`` set). Then the library's producer is created and the dead-letter
-        topics are checked (or created) at start."""
+        or ``non_retryable`` set), or ``on_stall`` is DEAD_LETTER. Then the library's producer
+        is created and the dead-letter topics are checked (or created) at start."""
         return dead_lettering(self)
 
     @property

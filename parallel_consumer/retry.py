@@ -189,6 +189,13 @@ class RetryQueue:
             self._heap = kept
         return dropped
 
+    def find(self, tp: TopicPartition, offset: int) -> WorkItem | None:
+        """The record at ``offset`` of ``tp`` if it waits for its retry (a scan)."""
+        for _, _, item in self._heap:
+            if item.offset == offset and item.tp == tp:
+                return item
+        return None
+
     def __len__(self) -> int:
         return len(self._heap)
 

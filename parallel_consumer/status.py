@@ -112,6 +112,12 @@ class Statistics:
     retries_exhausted: int = 0
     #: Dead-letter writes that failed (the record stays uncommitted and is written again).
     dead_letter_failures: int = 0
+    #: Handler calls that ran past Options.processing_timeout (their records were retried).
+    deadline_exceeded: int = 0
+    #: Of those, calls still running (a thread cannot be interrupted): each holds a worker.
+    overrunning_calls: int = 0
+    #: Stall episodes of single partitions so far (Options.stall_threshold; see health()).
+    partition_stalls: int = 0
 
 
 def assemble_statistics(
@@ -126,6 +132,7 @@ def assemble_statistics(
     commits: CommitTracker,
     partitions: Iterable[PartitionState],
     poller: PollerStatistics | None,
+    overrunning_calls: int = 0,
 ) -> Statistics:
     """One snapshot from the views of the controller's parts (on the controller thread)."""
     snapshots = []
@@ -165,4 +172,7 @@ def assemble_statistics(
         records_skipped_on_failure=counters.skipped_on_failure,
         retries_exhausted=counters.retries_exhausted,
         dead_letter_failures=counters.dead_letter_failures,
+        deadline_exceeded=counters.deadline_exceeded,
+        overrunning_calls=overrunning_calls,
+        partition_stalls=counters.partition_stalls,
     )

@@ -7,13 +7,15 @@ Records travel as plain tuples (:func:`portable_record`), rebuilt in the worker 
 that keeps its type name and message.
 
 Messages, parent -> worker: ``("calls", [(batch, (record tuple, ...)), ...])`` and ``("stop",)``.
-Worker -> parent: ``("ready", pid)``, ``("load_failed", text)`` and
+Worker -> parent: ``("ready", pid)``, ``("load_failed", text)``,
 ``("done", [(batch, value, error, failures), ...])``, where ``failures`` maps the index of
-each record the handler failed with ``PollContext.fail`` to its (portable) exception.
+each record the handler failed with ``PollContext.fail`` to its (portable) exception, and
+``("extend", batch, seconds)`` (a handler's ``ctx.extend_deadline``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import queue
@@ -200,6 +202,8 @@ def worker_main(handler_bytes: bytes, tasks: Connection, results: Connection) ->
         results.send(("load_failed", "".join(traceback.format_exception(exc))))
         return
     results.send(("ready", os.getpid()))
+    # The handler (or a thread it started) may send keep-alives while results go out.
+    send_lock = threading.Lock()
     inbox: queue.SimpleQueue[tuple[int, tuple[RecordTuple, ...]] | None] = queue.SimpleQueue()
     stopping = threading.Event()
     # A thread keeps reading the task pipe, so the parent's sends never wait for a call to end
@@ -212,15 +216,20 @@ def worker_main(handler_bytes: bytes, tasks: Connection, results: Connection) ->
     oldest = 0.0
     while True:
         if finished and (inbox.empty() or time.monotonic() - oldest >= FLUSH_AFTER):
-            _send_results(results, finished)
+            with send_lock:
+                _send_results(results, finished)
             finished = []
         task = inbox.get()
         if task is None or stopping.is_set():
             if finished:
-                _send_results(results, finished)
+                with send_lock:
+                    _send_results(results, finished)
             return
         batch, records = task
-        context = PollContext([DetachedRecord.from_tuple(r) for r in records])
+        context = PollContext(
+            [DetachedRecord.from_tuple(r) for r in records],
+            keep_alive=functools.partial(_keep_alive, results, send_lock, batch),
+        )
         value: object = None
         error: BaseException | None = None
         try:
@@ -235,6 +244,11 @@ def worker_main(handler_bytes: bytes, tasks: Connection, results: Connection) ->
         if not finished:
             oldest = time.monotonic()
         finished.append((batch, value, error, failures))
+
+
+def _keep_alive(results: Connection, lock: threading.Lock, batch: int, seconds: float) -> None:
+    with lock:
+        results.send(("extend", batch, seconds))
 
 
 def _receive(

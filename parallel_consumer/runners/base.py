@@ -62,10 +62,11 @@ class Runner(Protocol):
 
     def cancel(self, batch: int, error: BaseException | None = None) -> None:
         """Ask for call ``batch`` to end early. If the runner can interrupt it (the asyncio
-        runner cancels its task; a call not started yet is dropped), the call reports ``error``
-        (default :class:`CallCancelled`) as the failure of each of its records. A no-op where
-        the runner cannot interrupt a running call (a thread; a call inside a worker process)
-        and for a call that has already ended. Thread-safe; never blocks."""
+        runner cancels its task; the process runner terminates and replaces the worker process
+        running it; a call not started yet is dropped), the call reports ``error`` (default
+        :class:`CallCancelled`; a terminated worker's calls report ``WorkerCrashed``) as the
+        failure of each of its records. A no-op where the runner cannot interrupt a running
+        call (a thread) and for a call that has already ended. Thread-safe; never blocks."""
         ...
 
     def stop(self, timeout: float) -> bool:

@@ -75,6 +75,8 @@ class _Worker:
     ready: bool = False
     #: Set once the worker cannot take calls (a send failed, or it was told to stop).
     closed: bool = False
+    #: Terminated by the pool because a call it held was cancelled (its deadline passed).
+    killed: bool = False
 
 
 class ProcessRunner:
@@ -97,8 +99,13 @@ class ProcessRunner:
         name: str = "pc",
         hooks: Hooks | None = None,
         start_method: str = "spawn",
+        call_timeout: float | None = None,
     ) -> None:
         self.capacity = processes
+        #: Options.processing_timeout: a call's deadline starts again when it is shipped, so
+        #: waiting for a replacement worker to start does not count against it.
+        self._call_timeout = call_timeout
+        self._next_keep_alive = 0.0  # pool thread only
         self.backlog = processes * (PER_WORKER - 1)
         self._clock = clock
         self._name = name
@@ -108,6 +115,8 @@ class ProcessRunner:
         self._pending: deque[tuple[int, PollContext]] = deque()  # guarded by _lock
         self._open = True  # guarded by _lock
         self._stop_at: float | None = None  # guarded by _lock: set by stop()
+        #: Calls to end by terminating the worker process running them (guarded by _lock).
+        self._kills: list[int] = []
         self._wake_pending = False  # guarded by _lock
         #: Wakes the pool thread (created by start(), closed by the pool thread as it ends).
         self._wake_r: Connection | None = None
@@ -160,8 +169,10 @@ class ProcessRunner:
         return taken
 
     def cancel(self, batch: int, error: BaseException | None = None) -> None:
-        """Drops ``batch`` if no worker has it yet (it then reports ``error``); a call inside a
-        worker process runs on (only killing the process could interrupt it)."""
+        """Drops ``batch`` if no worker has it yet (it then reports ``error``). A call inside a
+        worker process cannot be interrupted there, so the worker process is terminated and a
+        replacement started: the call (and any other the worker held) reports
+        :class:`WorkerCrashed`. This is how a call past its deadline ends."""
         with self._lock:
             context = None
             for index, (queued, queued_context) in enumerate(self._pending):
@@ -169,6 +180,9 @@ class ProcessRunner:
                     del self._pending[index]
                     context = queued_context
                     break
+            if context is None and self._open:
+                self._kills.append(batch)
+                self._wake()
         if context is not None:
             reason = error or CallCancelled(f"handler call {batch} cancelled")
             assert self._done is not None
@@ -237,6 +251,10 @@ class ProcessRunner:
             if timeout <= 0:
                 self._terminate_after_timeout()
                 return False
+        elif self._call_timeout is not None:
+            keep_alive = self._keep_queued_alive(self._call_timeout)
+            if keep_alive is not None:
+                timeout = keep_alive
         owners: dict[Any, _Worker] = {}
         for worker in self._workers:
             owners[worker.results] = worker
@@ -258,8 +276,42 @@ class ProcessRunner:
             else:
                 self._read_all(worker)
                 self._exited(worker)
+        self._kill_cancelled()
         self._ship()
         return True
+
+    def _keep_queued_alive(self, call_timeout: float) -> float | None:
+        """Calls waiting for a worker (one is being replaced) have not started: keep their
+        deadlines from running out meanwhile. Returns how soon to do it again."""
+        with self._lock:
+            queued = [context for _, context in self._pending]
+        if not queued:
+            return None
+        now = time.monotonic()
+        if now >= self._next_keep_alive:
+            self._next_keep_alive = now + call_timeout / 3
+            for context in queued:
+                context.extend_deadline(call_timeout)
+        return max(0.0, self._next_keep_alive - now)
+
+    def _kill_cancelled(self) -> None:
+        with self._lock:
+            kills, self._kills = self._kills, []
+        for batch in kills:
+            for worker in self._workers:
+                if batch in worker.outstanding:
+                    log.warning(
+                        "terminating worker process %s (pid %s): its handler call %d was "
+                        "cancelled (past its deadline); a replacement starts",
+                        worker.process.name,
+                        worker.process.pid,
+                        batch,
+                    )
+                    worker.killed = True
+                    _terminate(worker)
+                    self._read_all(worker)
+                    self._exited(worker)
+                    break
 
     def _read(self, worker: _Worker) -> None:
         try:
@@ -268,7 +320,11 @@ class ProcessRunner:
             self._exited(worker)
             return
         kind = message[0]
-        if kind == "done":
+        if kind == "extend":
+            context = worker.outstanding.get(message[1])
+            if context is not None:
+                context.extend_deadline(message[2])
+        elif kind == "done":
             now = self._clock.monotonic()
             done = self._done
             assert done is not None
@@ -309,10 +365,11 @@ class ProcessRunner:
             # A clean stop: what it still held never started, and is not reported.
             _close(worker)
             return
+        why = "was terminated (a call it held was cancelled)" if worker.killed else "exited"
         self._fail_outstanding(
             worker,
             WorkerCrashed(
-                f"worker process {pid} exited with code {code} while it ran this call or held "
+                f"worker process {pid} {why} with code {code} while it ran this call or held "
                 "it queued",
                 code,
             ),
@@ -320,13 +377,14 @@ class ProcessRunner:
         _close(worker)
         if stopping:
             return
-        log.error(
-            "worker process %s (pid %s) exited with code %s; its calls are reported failed and "
-            "retried; starting a replacement",
-            name,
-            pid,
-            code,
-        )
+        if not worker.killed:
+            log.error(
+                "worker process %s (pid %s) exited with code %s; its calls are reported failed "
+                "and retried; starting a replacement",
+                name,
+                pid,
+                code,
+            )
         self.restarts += 1
         self._workers.append(self._spawn(worker.index))
 
@@ -366,6 +424,8 @@ class ProcessRunner:
                 chunk = [self._pending.popleft() for _ in range(share)]
             calls = []
             for batch, context in chunk:
+                if self._call_timeout is not None:
+                    context.extend_deadline(self._call_timeout)
                 hooks.on_call_start(batch, context)
                 worker.outstanding[batch] = context
                 calls.append((batch, tuple(portable_record(r) for r in context)))

@@ -35,3 +35,8 @@ class Counters:
     skipped_on_failure: int = 0
     retries_exhausted: int = 0
     dead_letter_failures: int = 0
+    #: Handler calls abandoned past Options.processing_timeout, and late results ignored.
+    deadline_exceeded: int = 0
+    late_results: int = 0
+    #: Stall episodes of single partitions (Options.stall_threshold).
+    partition_stalls: int = 0

@@ -225,6 +225,16 @@ class ShardMap:
     def has_ready(self) -> bool:
         return bool(self._ready)
 
+    def find(self, tp: TopicPartition, offset: int) -> WorkItem | None:
+        """The record at ``offset`` of ``tp`` if it waits in a lane (a scan: for rare uses,
+        such as finding the record that holds a stalled partition)."""
+        for shard in self._shards.values():
+            if shard.tp == tp:
+                for item in shard.queue:
+                    if item.offset == offset:
+                        return item
+        return None
+
     def __len__(self) -> int:
         return len(self._shards)
 

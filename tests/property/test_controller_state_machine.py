@@ -73,6 +73,9 @@ class FakeRunner:
     def cancel_queued(self) -> list[int]:
         return []
 
+    def cancel(self, batch: int, error: BaseException | None = None) -> None:
+        """Like a thread: the call runs on until the test completes it (its result is late)."""
+
     def stop(self, timeout: float) -> bool:
         return True
 
@@ -122,6 +125,9 @@ class FakePoller:
 class ControllerMachine(RuleBasedStateMachine):
     ordering = ProcessingOrder.KEY
     current_ordering = ProcessingOrder.KEY
+    #: Options.processing_timeout: calls past it are abandoned (overruns) and their records
+    #: retried while the call runs on; its late result must change nothing.
+    processing_timeout: float | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -137,6 +143,7 @@ class ControllerMachine(RuleBasedStateMachine):
             dead_letter_topic="dlq",
             max_metadata_bytes=64,  # small, so the "blocked" path is exercised too
             max_buffered_records=24,  # small, so the credit bound is reached often
+            processing_timeout=self.processing_timeout,
         )
         ControllerMachine.current_ordering = self.ordering
         self.runner = FakeRunner(self.options.max_concurrency, lambda tp: self.epoch.get(tp))
@@ -189,6 +196,10 @@ class ControllerMachine(RuleBasedStateMachine):
                 kept.append(command)
         self.poller.commands = kept
 
+    def overrun(self, batch: int) -> bool:
+        """The call ran past its deadline: its records went on without it."""
+        return batch in self.controller._deadlines._overruns
+
     def store(self, tp: tuple[str, int], offset: int, metadata: str) -> None:
         previous = self.committed.get(tp)
         assert previous is None or offset >= previous[0] or tp not in self.epoch, (
@@ -227,7 +238,8 @@ class ControllerMachine(RuleBasedStateMachine):
     def complete(self, index: int, outcome: str) -> None:
         batch, records = self.runner.calls.pop(index % len(self.runner.calls))
         ok = outcome == "ok"
-        if ok:
+        # A late result (the call ran past its deadline) must not count, whatever it says.
+        if ok and not self.overrun(batch):
             for tp, offset, _, epoch in records:
                 if self.epoch.get(tp) == epoch:
                     self.done[tp].add(offset)
@@ -343,7 +355,9 @@ class ControllerMachine(RuleBasedStateMachine):
     @invariant()
     def at_most_one_live_record_in_flight_per_lane(self) -> None:
         lanes: dict[object, int] = {}
-        for _, records in self.runner.calls:
+        for batch, records in self.runner.calls:
+            if self.overrun(batch):
+                continue  # abandoned calls may overlap their record's retry (at-least-once)
             # Stale calls count too: a lane of a revoked and re-assigned partition must not run
             # beside a call of the earlier assignment that is still running.
             for _, _, lane, _ in records:
@@ -353,7 +367,10 @@ class ControllerMachine(RuleBasedStateMachine):
 
     @invariant()
     def in_flight_stays_within_capacity(self) -> None:
-        assert len(self.runner.calls) <= self.runner.capacity + self.runner.backlog
+        # With deadlines nothing waits inside the runner, and abandoned calls still running
+        # hold their worker: never more calls than workers.
+        backlog = self.runner.backlog if self.processing_timeout is None else 0
+        assert len(self.runner.calls) <= self.runner.capacity + backlog
 
     @invariant()
     def credit_matches_what_the_engine_holds(self) -> None:
@@ -377,7 +394,19 @@ class KeyMachine(ControllerMachine):
     ordering = ProcessingOrder.KEY
 
 
+class KeyMachineWithDeadlines(ControllerMachine):
+    ordering = ProcessingOrder.KEY
+    processing_timeout = 1.5
+
+
+class PartitionMachineWithDeadlines(ControllerMachine):
+    ordering = ProcessingOrder.PARTITION
+    processing_timeout = 1.5
+
+
 _settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestKeyOrder = _settings(KeyMachine).TestCase
 TestPartitionOrder = _settings(PartitionMachine).TestCase
 TestUnordered = _settings(UnorderedMachine).TestCase
+TestKeyOrderWithDeadlines = _settings(KeyMachineWithDeadlines).TestCase
+TestPartitionOrderWithDeadlines = _settings(PartitionMachineWithDeadlines).TestCase
