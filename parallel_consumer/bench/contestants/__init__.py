@@ -8,7 +8,10 @@ from __future__ import annotations
 from parallel_consumer.bench.contestants.base import Contestant, RunEnv
 from parallel_consumer.bench.contestants.client_loops import RawContestant, SerialContestant
 from parallel_consumer.bench.contestants.java_pc import JavaParallelConsumerContestant
-from parallel_consumer.bench.contestants.pc import ParallelConsumerContestant
+from parallel_consumer.bench.contestants.pc import (
+    ParallelConsumerContestant,
+    ParallelConsumerOtelContestant,
+)
 from parallel_consumer.bench.contestants.pyrallel import PyrallelContestant
 from parallel_consumer.bench.contestants.share import ShareContestant
 
@@ -21,6 +24,7 @@ CONTESTANTS: dict[str, Contestant] = {
     c.name: c
     for c in (
         ParallelConsumerContestant(),
+        ParallelConsumerOtelContestant(),
         SerialContestant(),
         RawContestant(),
         PyrallelContestant(),

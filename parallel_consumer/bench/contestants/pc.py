@@ -16,7 +16,7 @@ from parallel_consumer.bench.work import async_work, burn, cpu_rounds, sync_work
 from parallel_consumer.options import CommitMode, RunnerKind
 from parallel_consumer.testing import create_topic
 
-__all__ = ["ParallelConsumerContestant"]
+__all__ = ["ParallelConsumerContestant", "ParallelConsumerOtelContestant"]
 
 
 class ParallelConsumerContestant:
@@ -60,10 +60,12 @@ class ParallelConsumerContestant:
             producer = {"linger.ms": 5}
             if row.produce == "PERIODIC_TRANSACTIONAL_PRODUCER":
                 producer["transactional.id"] = f"pc-bench-{topic}"
+        telemetry, shutdown = self.telemetry()
         pc = ParallelConsumer(
             base_consumer_config(env.bootstrap, new_group("pc")),
             self.options(row),
             producer_config=producer,
+            telemetry=telemetry,
         )
         started = time.time()
         in_process = row.runner.get("runner") != "process"
@@ -94,6 +96,8 @@ class ParallelConsumerContestant:
             stats = pc.statistics()
         finally:
             pc.close()
+            if shutdown is not None:
+                shutdown()
         log = recorder.log
         if not in_process:
             recorder.first_call = started
@@ -110,6 +114,10 @@ class ParallelConsumerContestant:
                 "partition_pauses": stats.partition_pauses,
             },
         )
+
+    def telemetry(self) -> tuple[Any, Any]:
+        """The ``telemetry=`` of the run and what ends it afterwards (none here)."""
+        return None, None
 
     @staticmethod
     def _producing_handler(row: Row, recorder: LogRecorder, output: str) -> Any:
@@ -150,3 +158,43 @@ class ParallelConsumerContestant:
 def _process_handler(rounds: int, ctx: PollContext) -> None:
     """W5's handler in the process runner: module level, so that it pickles."""
     burn(rounds)
+
+
+class ParallelConsumerOtelContestant(ParallelConsumerContestant):
+    """This library with OpenTelemetry metrics on, as an operator would run it: the SDK's
+    MeterProvider with a periodic reader exporting every second (to a discarded console
+    stream). Its figures beside ``pc``'s are the cost of the metrics."""
+
+    name = "pc-otel"
+    description = "parallel_consumer with OpenTelemetry metrics (SDK, periodic reader, 1 s)"
+    EXPORT_EVERY_MS = 1000
+
+    def unavailable(self) -> str | None:
+        try:
+            import opentelemetry.sdk.metrics  # noqa: F401
+        except ImportError:
+            return "needs the OpenTelemetry SDK: pip install 'parallel-consumer[otel]'"
+        return None
+
+    def telemetry(self) -> tuple[Any, Any]:
+        import os
+
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import (
+            ConsoleMetricExporter,
+            PeriodicExportingMetricReader,
+        )
+
+        from parallel_consumer.telemetry import Telemetry
+
+        sink = open(os.devnull, "w")  # noqa: SIM115 - closed by shutdown below
+        reader = PeriodicExportingMetricReader(
+            ConsoleMetricExporter(out=sink), export_interval_millis=self.EXPORT_EVERY_MS
+        )
+        provider = MeterProvider(metric_readers=[reader])
+
+        def shutdown() -> None:
+            provider.shutdown()
+            sink.close()
+
+        return Telemetry(meter_provider=provider), shutdown

@@ -29,7 +29,8 @@ def test_an_unknown_peer_is_one_line(capsys):
     assert cli.main(["run", "W1", "--peers", "serial,kafka-streams"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
-        "pc-bench: unknown peer kafka-streams; known: serial, raw, pyrallel, share, java-pc"
+        "pc-bench: unknown peer kafka-streams; known: "
+        "pc-otel, serial, raw, pyrallel, share, java-pc"
     )
 
 
