@@ -43,6 +43,7 @@ from parallel_consumer._events import (
     SetPaused,
     StopPoller,
     WorkDone,
+    WorkDoneMany,
 )
 from parallel_consumer._producer import Outputs
 from parallel_consumer.commit import Committer
@@ -92,7 +93,7 @@ from parallel_consumer.work.outcomes import (
 from parallel_consumer.work.outputs import Pending, PendingOutputs, TransactionGate
 from parallel_consumer.work.partitions import PartitionState, restored_state
 from parallel_consumer.work.progress import ProgressWatch, Stall
-from parallel_consumer.work.shards import ShardMap, shard_key_for
+from parallel_consumer.work.shards import ShardMap
 from parallel_consumer.work.stall import StallWatch
 
 __all__ = ["Controller"]
@@ -101,6 +102,11 @@ log = logging.getLogger("parallel_consumer")
 
 #: A record's failed attempts are logged at INFO, and at WARNING from this attempt on.
 WARN_FROM_ATTEMPT = 3
+#: Roughly what handing one call to a worker thread and its result back costs (seconds): two
+#: queue hand-overs and two thread wake-ups. Calls much shorter than this go out in chunks.
+THREAD_HOP = 60e-6
+#: Most calls in one chunk.
+MAX_CHUNK = 64
 
 
 class PollerPort(Protocol):
@@ -133,6 +139,14 @@ class Controller:
         self._committer = committer
         self._clock = clock
         self._hooks = hooks or NoHooks()
+        #: False for NoHooks: per-call and per-record hook calls are skipped on the hot path.
+        self._has_hooks = type(self._hooks) is not NoHooks
+        #: Mean time per call (exponentially weighted) as the runner measured it.
+        self._service: float | None = None
+        #: Calls per hand-over to the runner: 1, or more for calls much shorter than a thread
+        #: hop (adaptive dispatch; only runners with ``submit_chunk``, and no deadlines).
+        self.chunk_size = 1
+        self._chunks = False
         self._inbox: queue.SimpleQueue[ControllerEvent] = queue.SimpleQueue()
         self._thread = threading.Thread(
             target=self._run, name=f"{name or options.name}-controller", daemon=True
@@ -220,6 +234,11 @@ class Controller:
         self._on_produced = on_produced
         if outputs is not None and outputs.transactional:
             self._gate = TransactionGate()
+        # Adaptive dispatch needs a runner that runs chunks; with deadlines every call goes
+        # alone (a deadline measures the call, not a wait behind other calls of a chunk).
+        self._chunks = self._timeout is None and callable(
+            getattr(self._runner, "submit_chunk", None)
+        )
         self._runner.start(handler, self.post)
         self.lifecycle = Lifecycle.RUNNING
         self._next_commit = self._clock.monotonic() + self._options.commit_every
@@ -350,8 +369,15 @@ class Controller:
         return deadline
 
     def _handle(self, event: ControllerEvent) -> None:
+        if isinstance(event, WorkDoneMany):
+            self._on_chunk_done(event)
+            return
         if isinstance(event, WorkDone):
-            self._on_work_done(event)
+            if event.took:
+                self._observe_service(event.took)
+            self._work_done(
+                event.batch, event.errors, event.value, event.finished_at, event.partial
+            )
             return
         if isinstance(event, OutputsDelivered):
             self._on_delivered(event)
@@ -400,7 +426,7 @@ class Controller:
     # -- records in, partitions in and out ------------------------------------------------------
 
     def _on_records(self, event: RecordsPolled) -> None:
-        ordering = self._options.ordering
+        key_order = self._options.ordering is ProcessingOrder.KEY
         shards = self._shards
         counters = self._counters
         for tp, (epoch, messages) in event.batches.items():
@@ -413,7 +439,11 @@ class Controller:
             if skipped:
                 counters.skipped += skipped
                 self._to_release += skipped
-            items = [WorkItem(m, tp, shard_key_for(ordering, tp, m.key()), epoch) for m in fresh]
+            if key_order:  # shard_key_for's rule, inline: one call less per record
+                topic, partition = tp
+                items = [WorkItem(m, tp, (topic, partition, m.key()), epoch) for m in fresh]
+            else:
+                items = [WorkItem(m, tp, tp, epoch) for m in fresh]
             track = self._progress.track(tp)
             if fresh and (track is None or track.lowest is None):
                 self._progress_moved.add(tp)
@@ -503,35 +533,79 @@ class Controller:
         take = self._shards.take
         blocked = self._commits.blocked
         in_flight = self._in_flight
-        capacity = self._call_limit()
+        chunk = self.chunk_size
+        capacity = self._call_limit() * chunk
         batch_size = self._options.batch_size
         submit = self._runner.submit
-        on_dispatch = self._hooks.on_dispatch
+        on_dispatch = self._hooks.on_dispatch if self._has_hooks else None
         timeout = self._timeout
+        calls: list[tuple[int, PollContext]] = []
         while len(in_flight) < capacity:
-            items: list[WorkItem] = []
-            while len(items) < batch_size:
+            if batch_size == 1 and timeout is None:
+                # The hot path: one record per call, no deadline.
                 item = take(blocked)
                 if item is None:
                     break
-                items.append(item)
-            if not items:
-                return
-            records = [
-                RecordContext(i.message, i.attempts, i.last_failure, i.last_failure_at)
-                for i in items
-            ]
-            if timeout is None:
-                batch = in_flight.add(items, now)
-                context = PollContext(records)
-            else:
-                batch = in_flight.add(items, now, now + timeout)
-                self._deadlines.started(batch.id, now + timeout)
-                context = PollContext(
-                    records, keep_alive=functools.partial(self._keep_alive, batch.id)
+                batch = in_flight.add((item,), now)
+                context = PollContext.of_one(
+                    RecordContext(
+                        item.message, item.attempts, item.last_failure, item.last_failure_at
+                    )
                 )
-            on_dispatch(batch.id, context)
-            submit(batch.id, context)
+            else:
+                items: list[WorkItem] = []
+                while len(items) < batch_size:
+                    item = take(blocked)
+                    if item is None:
+                        break
+                    items.append(item)
+                if not items:
+                    break
+                records = [
+                    RecordContext(i.message, i.attempts, i.last_failure, i.last_failure_at)
+                    for i in items
+                ]
+                if timeout is None:
+                    batch = in_flight.add(items, now)
+                    context = PollContext(records)
+                else:
+                    batch = in_flight.add(items, now, now + timeout)
+                    self._deadlines.started(batch.id, now + timeout)
+                    context = PollContext(
+                        records, keep_alive=functools.partial(self._keep_alive, batch.id)
+                    )
+            if on_dispatch is not None:
+                on_dispatch(batch.id, context)
+            if chunk == 1:
+                submit(batch.id, context)
+                continue
+            calls.append((batch.id, context))
+            if len(calls) >= chunk:
+                self._runner.submit_chunk(calls)  # type: ignore[attr-defined]
+                calls = []
+        if calls:
+            if len(calls) == 1:
+                submit(*calls[0])
+            else:
+                self._runner.submit_chunk(calls)  # type: ignore[attr-defined]
+
+    def _observe_service(self, took: float) -> None:
+        """Adaptive dispatch: follow the time per call; calls much shorter than a thread hop go
+        out in chunks (one hop for many calls), longer ones one by one, so that no call waits
+        behind another on a worker while other workers are idle. A slow call after fast ones
+        shrinks the chunk at once (it weighs 0.2 of the average); fast calls after slow ones
+        grow it over a few chunks."""
+        if not self._chunks:
+            return
+        previous = self._service
+        service = self._service = took if previous is None else previous * 0.8 + took * 0.2
+        self.chunk_size = max(1, min(MAX_CHUNK, int(THREAD_HOP / max(service, 1e-7))))
+
+    def _on_chunk_done(self, event: WorkDoneMany) -> None:
+        self._observe_service(event.service)
+        work_done = self._work_done
+        for batch_id, errors, value, finished_at, partial in event.calls:
+            work_done(batch_id, errors, value, finished_at, partial)
 
     def _call_limit(self) -> int:
         """How many calls may be in flight. With deadlines there is no backlog inside the
@@ -545,33 +619,41 @@ class Controller:
         # Runs on the handler's thread (or the process pool's): it only posts.
         self.post(DeadlineExtended(batch, self._clock.monotonic() + seconds))
 
-    def _on_work_done(self, event: WorkDone) -> None:
-        if self._deadlines.ended(event.batch):
+    def _work_done(
+        self,
+        batch_id: int,
+        errors: Sequence[BaseException | None],
+        value: object,
+        finished_at: float,
+        partial: bool,
+    ) -> None:
+        """A handler call ended (one ``WorkDone``, or one call of a chunk)."""
+        if self._deadlines.ended(batch_id):
             # The call ran past its deadline and its records went on without it.
             self._counters.late_results += 1
-            log.info("the late result of handler call %d is ignored", event.batch)
+            log.info("the late result of handler call %d is ignored", batch_id)
             return
-        batch = self._in_flight.pop(event.batch)
+        batch = self._in_flight.pop(batch_id)
         if batch is None:
             return  # taken back from the runner on close
-        self._hooks.on_work_done(batch.id, event.errors, event.finished_at - batch.started_at)
-        errors = event.errors
-        if self._produces and (event.partial or not any(errors)):
+        if self._has_hooks:
+            self._hooks.on_work_done(batch.id, errors, finished_at - batch.started_at)
+        if self._produces and (partial or not any(errors)):
             # Outputs belong to the call: a record it failed with PollContext.fail is retried
             # (or dead-lettered) on its own, once the call's outputs are acknowledged.
             try:
-                outputs = outputs_of(event.value)
+                outputs = outputs_of(value)
             except TypeError as exc:
                 errors = (exc,) * len(batch.items)
             else:
                 if outputs:
-                    pending = Pending(batch, outputs, errors if event.partial else None)
+                    pending = Pending(batch, outputs, errors if partial else None)
                     if self._gate is None or self._gate.open:
                         self._send_outputs(pending)
                     else:
                         self._pending.queue(pending)
                     return
-        self._settle(batch, errors, event.finished_at)
+        self._settle(batch, errors, finished_at)
 
     def _settle(
         self, batch: Batch, errors: Sequence[BaseException | None], finished_at: float
@@ -583,7 +665,9 @@ class Controller:
             return
         partitions = self._partitions
         counters = self._counters
-        hooks = self._hooks
+        finish = self._finish
+        on_success = self._hooks.on_success if self._has_hooks else None
+        succeeded = 0
         for item, error in zip(batch.items, errors, strict=True):
             state = partitions.get(item.tp)
             if state is None or state.epoch != item.epoch:
@@ -592,11 +676,14 @@ class Controller:
                 self._shards.stale_done(item)
                 continue
             if error is None:
-                counters.succeeded += 1
-                self._finish(item, state)
-                hooks.on_success(_context_of(item))
+                succeeded += 1
+                finish(item, state)
+                if on_success is not None:
+                    on_success(_context_of(item))
             else:
                 self._failed(item, error, finished_at)
+        if succeeded:
+            counters.succeeded += succeeded
 
     def _finish(self, item: WorkItem, state: PartitionState) -> None:
         """``item`` is done (processed, skipped or dead-lettered): its offset may commit."""
@@ -1273,6 +1360,7 @@ class Controller:
             partitions=self._partitions.values(),
             poller=self._poller.statistics(),
             overrunning_calls=self._deadlines.overruns,
+            chunk_size=self.chunk_size,
         )
 
     def __repr__(self) -> str:

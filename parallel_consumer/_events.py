@@ -34,6 +34,7 @@ __all__ = [
     "StopPoller",
     "Transact",
     "WorkDone",
+    "WorkDoneMany",
 ]
 
 
@@ -133,6 +134,25 @@ class WorkDone:
     value: object
     finished_at: float  # clock.monotonic() when the call ended
     partial: bool = False
+    #: Seconds the call took on the runner, where the runner measures it (else 0.0): what
+    #: adaptive dispatch follows.
+    took: float = 0.0
+
+
+#: One call of a chunk: ``(batch, errors, value, finished_at, partial)`` as in
+#: :class:`WorkDone` (a plain tuple: a chunk carries many, and a frozen dataclass costs about a
+#: microsecond each to build).
+CallResult = tuple[int, Sequence[BaseException | None], object, float, bool]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkDoneMany:
+    """The calls of one chunk ended (see ``ThreadRunner.submit_chunk``): one event, one thread
+    hop, for many short calls. ``service`` is the mean time per call, handler and runner
+    bookkeeping included, that the runner measured over the chunk."""
+
+    calls: Sequence[CallResult]
+    service: float
 
 
 # -- producer -> controller -------------------------------------------------------------------
@@ -187,6 +207,7 @@ ControllerEvent = (
     | RecordUnreadable
     | PollerFailed
     | WorkDone
+    | WorkDoneMany
     | OutputsDelivered
     | ProducerFailed
     | Control

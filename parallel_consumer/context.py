@@ -105,6 +105,15 @@ class PollContext(Sequence[RecordContext]):
         #: Index -> exception, set by fail() on the thread that runs the handler.
         self._failed: dict[int, BaseException] = {}
 
+    @classmethod
+    def of_one(cls, record: RecordContext) -> PollContext:
+        """A context of one record without a deadline (the hot path: no sequence to copy)."""
+        context = cls.__new__(cls)
+        context._records = (record,)
+        context._keep_alive = None
+        context._failed = {}
+        return context
+
     def fail(self, record: RecordContext, error: BaseException) -> None:
         """Fail one record of this call; the others succeed when the handler returns.
 

@@ -118,6 +118,9 @@ class Statistics:
     overrunning_calls: int = 0
     #: Stall episodes of single partitions so far (Options.stall_threshold; see health()).
     partition_stalls: int = 0
+    #: Adaptive dispatch: how many calls the engine hands to one worker at a time right now (1
+    #: for calls that take longer than a thread hand-over, up to 64 for very short ones).
+    chunk_size: int = 1
 
 
 def assemble_statistics(
@@ -132,6 +135,7 @@ def assemble_statistics(
     commits: CommitTracker,
     partitions: Iterable[PartitionState],
     poller: PollerStatistics | None,
+    chunk_size: int = 1,
     overrunning_calls: int = 0,
 ) -> Statistics:
     """One snapshot from the views of the controller's parts (on the controller thread)."""
@@ -175,4 +179,5 @@ def assemble_statistics(
         deadline_exceeded=counters.deadline_exceeded,
         overrunning_calls=overrunning_calls,
         partition_stalls=counters.partition_stalls,
+        chunk_size=chunk_size,
     )

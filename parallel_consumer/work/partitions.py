@@ -42,16 +42,21 @@ class IncompleteOffsets:
         self._order.append(offset)
         self._members.add(offset)
 
+    def extend(self, offsets: Sequence[int]) -> None:
+        """Add ``offsets`` (ascending), all above every offset added before."""
+        self._order.extend(offsets)
+        self._members.update(offsets)
+
     def discard(self, offset: int) -> None:
-        members = self._members
-        members.discard(offset)
-        if len(self._order) > 4 * len(members) + 4096:
-            self._order = deque(sorted(members))
+        self._members.discard(offset)
 
     def lowest(self) -> int | None:
         order, members = self._order, self._members
         while order and order[0] not in members:
             order.popleft()
+        if len(order) > 4 * len(members) + 4096:
+            # A record stuck at the front keeps the removed offsets behind it: drop them.
+            self._order = order = deque(sorted(members))
         return order[0] if order else None
 
     def below(self, limit: int) -> list[int]:
@@ -162,8 +167,15 @@ class PartitionState:
             self._check_start(first)
         if self._unpolled:
             self._forget_unpolled(last, messages)
-        fresh: list[Any] = []
         incomplete = self.incomplete
+        if first > self._highest_polled and first > self._restored_highest:
+            # The common case: every record is new and above anything restored.
+            self._highest_polled = last
+            incomplete.extend([m.offset() for m in messages])
+            if last > self.highest_seen:
+                self.highest_seen = last
+            return list(messages)
+        fresh: list[Any] = []
         for message in messages:
             offset = message.offset()
             if offset <= self._highest_polled:
@@ -237,7 +249,7 @@ class PartitionState:
         self.incomplete.discard(offset)
         if offset > self.highest_succeeded:
             self.highest_succeeded = offset
-        self._changed()
+        self.version += 1  # _changed(), inline: this runs once per record
 
     def has_holes(self) -> bool:
         """An unfinished offset lies below the highest succeeded one (the map is not empty)."""

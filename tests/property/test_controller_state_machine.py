@@ -35,6 +35,7 @@ from parallel_consumer._events import (
     RecordsPolled,
     Release,
     WorkDone,
+    WorkDoneMany,
 )
 from parallel_consumer.commit import ConsumerCommitter
 from parallel_consumer.context import PollContext
@@ -58,6 +59,7 @@ class FakeRunner:
         self._epoch_of = epoch_of
         #: Calls not yet completed: (batch id, [(tp, offset, key, epoch at dispatch)]).
         self.calls: list[tuple[int, list[tuple[tuple[str, int], int, object, int | None]]]] = []
+        self.chunks = 0
 
     def start(self, handler: Callable[[PollContext], object], done: Callable[..., None]) -> None:
         pass
@@ -69,6 +71,12 @@ class FakeRunner:
             lane = (*tp, r.key) if ControllerMachine.current_ordering is ProcessingOrder.KEY else tp
             records.append((tp, r.offset, lane, self._epoch_of(tp)))
         self.calls.append((batch, records))
+
+    def submit_chunk(self, calls: list[tuple[int, PollContext]]) -> None:
+        """A chunk (adaptive dispatch): its calls complete one by one or together."""
+        self.chunks += 1
+        for batch, context in calls:
+            self.submit(batch, context)
 
     def cancel_queued(self) -> list[int]:
         return []
@@ -163,6 +171,9 @@ class ControllerMachine(RuleBasedStateMachine):
             produces=False,
             dead_letters=DeadLetters(self.options, "g"),
         )
+        #: The largest chunk size the controller used so far (calls dispatched under it may
+        #: still be in flight after it shrank).
+        self.chunked = 1
         self.log: dict[tuple[str, int], list[bytes | None]] = {tp: [] for tp in TPS}
         self.position: dict[tuple[str, int], int] = {}
         self.epoch: dict[tuple[str, int], int] = {}
@@ -234,8 +245,12 @@ class ControllerMachine(RuleBasedStateMachine):
         self.step()
 
     @precondition(lambda self: self.runner.calls)
-    @rule(index=st.integers(min_value=0), outcome=st.sampled_from(["ok", "fail", "poison"]))
-    def complete(self, index: int, outcome: str) -> None:
+    @rule(
+        index=st.integers(min_value=0),
+        outcome=st.sampled_from(["ok", "fail", "poison"]),
+        took=st.sampled_from([0.0, 1e-6, 1.0]),
+    )
+    def complete(self, index: int, outcome: str, took: float = 0.0) -> None:
         batch, records = self.runner.calls.pop(index % len(self.runner.calls))
         ok = outcome == "ok"
         # A late result (the call ran past its deadline) must not count, whatever it says.
@@ -244,7 +259,31 @@ class ControllerMachine(RuleBasedStateMachine):
                 if self.epoch.get(tp) == epoch:
                     self.done[tp].add(offset)
         error = None if ok else KeyError("poison") if outcome == "poison" else RuntimeError("x")
-        self.controller.post(WorkDone(batch, (error,) * len(records), None, self.clock.monotonic()))
+        now = self.clock.monotonic()
+        self.controller.post(WorkDone(batch, (error,) * len(records), None, now, took=took))
+        self.step()
+
+    @precondition(lambda self: len(self.runner.calls) >= 2)
+    @rule(
+        count=st.integers(min_value=2, max_value=5),
+        failing=st.sets(st.integers(min_value=0, max_value=4)),
+        fast=st.booleans(),
+    )
+    def complete_chunk(self, count: int, failing: set[int], fast: bool) -> None:
+        """Several calls end together, as a worker reports a chunk; ``fast`` calls make the
+        controller hand out chunks (adaptive dispatch), slow ones make it go back to one."""
+        results = []
+        for position in range(min(count, len(self.runner.calls))):
+            batch, records = self.runner.calls.pop(0)
+            ok = position not in failing
+            if ok and not self.overrun(batch):
+                for tp, offset, _, epoch in records:
+                    if self.epoch.get(tp) == epoch:
+                        self.done[tp].add(offset)
+            error = None if ok else RuntimeError("handler failed")
+            now = self.clock.monotonic()
+            results.append((batch, (error,) * len(records), None, now, False))
+        self.controller.post(WorkDoneMany(results, 1e-6 if fast else 1.0))
         self.step()
 
     @precondition(lambda self: self.outputs.sent)
@@ -369,8 +408,11 @@ class ControllerMachine(RuleBasedStateMachine):
     def in_flight_stays_within_capacity(self) -> None:
         # With deadlines nothing waits inside the runner, and abandoned calls still running
         # hold their worker: never more calls than workers.
+        # Adaptive dispatch (no deadlines): a chunk of calls per worker and backlog slot, run
+        # one after another on that worker, never two at once.
         backlog = self.runner.backlog if self.processing_timeout is None else 0
-        assert len(self.runner.calls) <= self.runner.capacity + backlog
+        self.chunked = max(self.chunked, self.controller.chunk_size)
+        assert len(self.runner.calls) <= (self.runner.capacity + backlog) * self.chunked
 
     @invariant()
     def credit_matches_what_the_engine_holds(self) -> None:
