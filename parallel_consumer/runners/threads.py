@@ -157,7 +157,9 @@ class ThreadRunner:
         except BaseException as exc:
             # SystemExit / KeyboardInterrupt raised by a handler would silently end this
             # worker and strand its records in flight: count it as a failure instead.
-            log.error("handler raised %r; treating it as a failure of the call", exc)
+            log.error(
+                "handler raised %r for %r; treating it as a failure of the call", exc, context
+            )
             error = exc
         if self._has_hooks:
             hooks.on_call_end(batch, context, error)
