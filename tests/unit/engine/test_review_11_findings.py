@@ -1,0 +1,123 @@
+"""Review of issue #11 (failure handling): confirmed findings, each an xfail(strict=True)
+reproducer that fails on the current code. Runs on the fakes (no broker)."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from doubles import IdleRunner, StuckPoller
+
+from parallel_consumer import NoHooks, Options, PollContext, RecordContext, Retry
+from parallel_consumer._controller import Controller
+from parallel_consumer._dead_letters import DeadLetters
+from parallel_consumer._events import Assignment, PartitionsAssigned, RecordsPolled, WorkDone
+from parallel_consumer._producer import Outputs
+from parallel_consumer.commit import ConsumerCommitter
+from parallel_consumer.dead_letter import Reason, read_dead_letter
+from parallel_consumer.retry import retry_delay
+from parallel_consumer.testing.clock import FakeClock
+from parallel_consumer.testing.fakes import FakeCluster
+
+
+class RecordingRunner(IdleRunner):
+    capacity = 4
+
+    def __init__(self) -> None:
+        self.submitted: list[tuple[int, PollContext]] = []
+
+    def submit(self, batch: int, context: PollContext) -> None:
+        self.submitted.append((batch, context))
+
+
+@pytest.fixture
+def stepped() -> Iterator[tuple[Controller, RecordingRunner, FakeCluster, FakeClock]]:
+    clock = FakeClock()
+    cluster = FakeCluster()
+    cluster.create_topic("t", 2)
+    cluster.create_topic("t.dlq", 2)
+    options = Options(max_retries=10, retry_delay=1)
+    poller = StuckPoller()
+    runner = RecordingRunner()
+    controller = Controller(
+        options,
+        runner=runner,
+        poller=poller,
+        committer=ConsumerCommitter(poller, options.commit_mode),
+        clock=clock,
+    )
+    outputs = Outputs(cluster.producer({}), post=controller.post, transactional=False, name="r")
+    outputs.start()
+    try:
+        controller.start(
+            lambda ctx: None,
+            thread=False,
+            outputs=outputs,
+            produces=False,
+            dead_letters=DeadLetters(options, "g"),
+        )
+        controller.post(
+            PartitionsAssigned(
+                (Assignment(("t", 0), 1, None, None), Assignment(("t", 1), 1, None, None))
+            )
+        )
+        yield controller, runner, cluster, clock
+    finally:
+        outputs.close(abort=False)
+
+
+# -- finding 1 ----------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 1: Retry(delay=nan) is accepted and retry_delay returns NaN unchecked",
+)
+def test_retry_with_a_nan_delay_never_gives_a_nan_backoff() -> None:
+    # Retry's constructor only rejects delay < 0, which NaN is not; retry_delay returns
+    # error.delay without the `seconds >= 0` check the provider's value gets.
+    try:
+        error = Retry("nan", delay=float("nan"))
+    except (ValueError, TypeError):
+        return  # rejected up front: fine
+    delay = retry_delay(Options(), error, RecordContext(None, 1))  # type: ignore[arg-type]
+    assert math.isfinite(delay) and delay >= 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 1: a NaN retry due time at the top of the retry heap blocks every retry",
+)
+def test_a_nan_retry_delay_does_not_block_the_retries_of_other_partitions(stepped) -> None:
+    controller, runner, cluster, clock = stepped
+    # Given two records of two partitions
+    cluster.produce("t", b"a", key=b"a", partition=0)
+    cluster.produce("t", b"b", key=b"b", partition=1)
+    controller.post(
+        RecordsPolled(
+            {
+                ("t", 0): (1, cluster.records("t", 0)),
+                ("t", 1): (1, cluster.records("t", 1)),
+            }
+        )
+    )
+    controller.run_once(block=False)
+    by_value = {ctx.record.value: batch for batch, ctx in runner.submitted}
+    # When one fails with Retry(delay=nan) (a computed delay gone wrong) and the other with an
+    # ordinary error (retry_delay=1 s)
+    controller.post(
+        WorkDone(by_value[b"a"], (Retry("x", delay=float("nan")),), None, clock.monotonic())
+    )
+    controller.run_once(block=False)
+    controller.post(WorkDone(by_value[b"b"], (ValueError("b"),), None, clock.monotonic()))
+    controller.run_once(block=False)
+    assert len(runner.submitted) == 2
+    # Then, long after its 1 s delay, the other partition's record runs again
+    clock.advance(100)
+    controller.run_once(block=False)
+    values = [ctx.record.value for _, ctx in runner.submitted[2:]]
+    assert b"b" in values
