@@ -100,8 +100,8 @@ def test_a_nan_retry_delay_does_not_block_the_retries_of_other_partitions(steppe
     controller.post(
         RecordsPolled(
             {
-                ("t", 0): (1, cluster.records("t", 0)),
-                ("t", 1): (1, cluster.records("t", 1)),
+                ("t", 0): (1, [m for m in cluster.records("t") if m.partition() == 0]),
+                ("t", 1): (1, [m for m in cluster.records("t") if m.partition() == 1]),
             }
         )
     )
