@@ -121,3 +121,78 @@ def test_a_nan_retry_delay_does_not_block_the_retries_of_other_partitions(steppe
     controller.run_once(block=False)
     values = [ctx.record.value for _, ctx in runner.submitted[2:]]
     assert b"b" in values
+
+
+# -- finding 2 ----------------------------------------------------------------------------------
+
+
+class _StallHooks(NoHooks):
+    def __init__(self) -> None:
+        self.skipped: list[tuple[RecordContext, str]] = []
+
+    def on_skip(self, record: RecordContext, error: BaseException | None, reason: str) -> None:
+        self.skipped.append((record, reason))
+
+
+def _blocked_partition(cluster: FakeCluster) -> tuple[Any, threading.Event, list[Any]]:
+    cluster.create_topic("t", 2)
+    cluster.produce("t", b"block", key=b"a", partition=0)
+    cluster.produce("t", b"free", key=b"b", partition=0)
+    cluster.produce("t", b"free", key=b"c", partition=1)
+    release = threading.Event()
+    calls: list[Any] = []
+
+    def handle(ctx: PollContext) -> None:
+        calls.append(ctx.record)
+        if ctx.value == b"block" and ctx.attempts == 0:
+            release.wait(30)
+
+    return handle, release, calls
+
+
+@pytest.mark.parametrize("policy", ["skip", "dead_letter"])
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 2: on_stall=DEAD_LETTER on a record in a call goes through the "
+    "retries-exhausted policy (skip / reason retries-exhausted) instead of a 'stalled' letter",
+)
+def test_on_stall_dead_letter_writes_a_stalled_letter_whatever_max_retries(
+    harness, cluster, clock, wait_until, policy
+):
+    # Given t[0]'s first record hangs in its handler call, on_stall=DEAD_LETTER, and
+    # max_retries=0 (on_retries_exhausted=SKIP or the default DEAD_LETTER)
+    handle, release, calls = _blocked_partition(cluster)
+    hooks = _StallHooks()
+    pc = harness.make(
+        Options(
+            stall_threshold=30,
+            on_stall="dead_letter",
+            max_retries=0,
+            on_retries_exhausted=policy,
+            retry_delay=0,
+            commit_interval=1000,
+            max_concurrency=2,
+        ),
+        clock=clock,
+        hooks=hooks,
+    )
+    try:
+        pc.poll(handle)
+        wait_until(lambda: len(calls) == 3)
+        # When the stall threshold passes
+        clock.advance(30)
+        # Then (docs/health.md, on_stall DEAD_LETTER) the record holding the partition is
+        # written to the dead-letter topic with reason "stalled"
+        wait_until(
+            lambda: pc.statistics().records_dead_lettered
+            + pc.statistics().records_skipped_on_failure
+            == 1
+        )
+        assert hooks.skipped == []
+        [letter] = cluster.records("t.dlq")
+        info = read_dead_letter(letter.headers())
+        assert info is not None
+        assert info.offset == 0
+        assert info.reason == Reason.STALLED
+    finally:
+        release.set()
