@@ -196,3 +196,63 @@ def test_on_stall_dead_letter_writes_a_stalled_letter_whatever_max_retries(
         assert info.reason == Reason.STALLED
     finally:
         release.set()
+
+
+# -- finding 3 ----------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 3: transactional mode: a dead-lettered record whose transaction aborts "
+    "comes back with attempts=0 and gets max_retries+1 fresh calls",
+)
+def test_a_dead_lettered_record_whose_transaction_aborts_keeps_its_attempts(
+    cluster, wait_until
+):
+    from parallel_consumer import CommitMode, ParallelConsumer, ProducerRecord
+    from parallel_consumer.testing.fakes import FakeProducer
+
+    cluster.create_topic("t")
+    cluster.create_topic("out")
+    producers: list[FakeProducer] = []
+
+    def producer(config: dict[str, Any]) -> FakeProducer:
+        producers.append(cluster.producer(config))
+        return producers[-1]
+
+    pc = ParallelConsumer(
+        {"bootstrap.servers": "fake:1", "group.id": "g"},
+        Options(
+            commit_mode=CommitMode.PERIODIC_TRANSACTIONAL_PRODUCER,
+            max_retries=1,
+            retry_delay=0,
+        ),
+        consumer_factory=cluster.consumer,
+        producer_factory=producer,
+        admin_factory=cluster.admin,
+        producer_config={"transactional.id": "tx"},
+    )
+    pc.subscribe("t")
+    calls: list[int] = []
+    try:
+
+        @pc.poll_and_produce
+        def handle(ctx: PollContext) -> ProducerRecord:
+            calls.append(ctx.attempts)
+            raise ValueError("bad")
+
+        # Given the transaction holding the record's dead letter and offset aborts
+        producers[0].fail_next_commit()
+        cluster.produce("t", b"bad", key=b"k")
+        wait_until(lambda: any(offsets for _, offsets in producers[0].committed_transactions))
+    finally:
+        pc.close()
+    assert producers[0].aborts >= 1
+    # Then the record comes again keeping its attempt count (as the transactional page says of
+    # an aborted transaction: "its handler runs once more and, failing again, the record is
+    # dead-lettered in the next transaction"), and every failure counts towards max_retries
+    [(values, _)] = [t for t in producers[0].committed_transactions if t[1]]
+    info = read_dead_letter(
+        [m for m in cluster.records("t.dlq")][-1].headers()
+    ) if cluster.records("t.dlq") else None
+    assert calls == [0, 1, 2], (calls, info)
