@@ -256,3 +256,41 @@ def test_a_dead_lettered_record_whose_transaction_aborts_keeps_its_attempts(
         [m for m in cluster.records("t.dlq")][-1].headers()
     ) if cluster.records("t.dlq") else None
     assert calls == [0, 1, 2], (calls, info)
+
+
+# -- finding 4 ----------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 4: an infinite delay (provider or Retry(delay=inf)) is accepted: the record "
+    "is never retried and pins its lane and its partition's commits forever",
+)
+@pytest.mark.parametrize("source", ["provider", "signal"])
+def test_an_infinite_retry_delay_is_not_accepted(source) -> None:
+    record = RecordContext(None, 1)  # type: ignore[arg-type]
+    if source == "provider":
+        options = Options(retry_delay=2, retry_delay_provider=lambda r: float("inf"))
+        delay = retry_delay(options, ValueError("x"), record)
+    else:
+        try:
+            error = Retry("x", delay=float("inf"))
+        except (ValueError, TypeError):
+            return
+        delay = retry_delay(Options(retry_delay=2), error, record)
+    assert math.isfinite(delay)
+
+
+# -- finding 5 ----------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 5: exponential_backoff(initial=0) gives `max` once multiplier**(n-1) "
+    "overflows, instead of 0 (the documented min(max, initial * multiplier**(n-1)))",
+)
+def test_zero_initial_backoff_stays_zero_for_many_attempts() -> None:
+    from parallel_consumer import exponential_backoff
+
+    provider = exponential_backoff(initial=0, multiplier=2, max=60, jitter=0)
+    assert provider(RecordContext(None, 1100)) == 0  # type: ignore[arg-type]
