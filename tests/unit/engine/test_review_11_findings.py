@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from doubles import IdleRunner, StuckPoller
 
-from parallel_consumer import NoHooks, Options, PollContext, RecordContext, Retry
+from parallel_consumer import DeadLetter, NoHooks, Options, PollContext, RecordContext, Retry
 from parallel_consumer._controller import Controller
 from parallel_consumer._dead_letters import DeadLetters
 from parallel_consumer._events import Assignment, PartitionsAssigned, RecordsPolled, WorkDone
@@ -294,3 +294,31 @@ def test_zero_initial_backoff_stays_zero_for_many_attempts() -> None:
 
     provider = exponential_backoff(initial=0, multiplier=2, max=60, jitter=0)
     assert provider(RecordContext(None, 1100)) == 0  # type: ignore[arg-type]
+
+
+# -- finding 6 ----------------------------------------------------------------------------------
+
+
+def dead_letter_from_cause(ctx: PollContext) -> None:
+    """A process-runner handler (module level: it is pickled to the worker)."""
+    try:
+        int(ctx.value)
+    except ValueError as exc:
+        raise DeadLetter("not a number") from exc
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 6: runner='process' loses DeadLetter's __cause__ in the pickle round trip: "
+    "the dead letter's headers name DeadLetter, not the cause",
+)
+def test_process_runner_dead_letter_headers_name_the_cause(harness, cluster, wait_until):
+    cluster.create_topic("t")
+    cluster.produce("t", b"abc", key=b"k")
+    pc = harness.make(Options(runner="process", processes=1, dead_letter_topic="dlq"))
+    cluster.create_topic("dlq")
+    pc.poll(dead_letter_from_cause)
+    wait_until(lambda: len(cluster.records("dlq")) == 1, timeout=60)
+    info = read_dead_letter(cluster.records("dlq")[0].headers())
+    assert info is not None
+    assert info.error_type == "builtins.ValueError", info.error_type
