@@ -322,3 +322,38 @@ def test_process_runner_dead_letter_headers_name_the_cause(harness, cluster, wai
     info = read_dead_letter(cluster.records("dlq")[0].headers())
     assert info is not None
     assert info.error_type == "builtins.ValueError", info.error_type
+
+
+# -- finding 7 ----------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 7: a call abandoned by on_stall=DEAD_LETTER counts in overrunning_calls but "
+    "not in deadline_exceeded, which docs/health.md says overrunning_calls is a part of",
+)
+def test_health_overrunning_calls_are_part_of_deadline_exceeded(
+    harness, cluster, clock, wait_until
+):
+    handle, release, calls = _blocked_partition(cluster)
+    pc = harness.make(
+        Options(
+            stall_threshold=30,
+            on_stall="dead_letter",
+            retry_delay=0,
+            commit_interval=1000,
+            max_concurrency=2,
+        ),
+        clock=clock,
+    )
+    try:
+        pc.poll(handle)
+        wait_until(lambda: len(calls) == 3)
+        clock.advance(30)
+        wait_until(lambda: pc.statistics().records_dead_lettered == 1)
+        report = pc.health()
+        # "overrunning_calls: of those [deadline_exceeded], calls still running on a thread"
+        assert report.overrunning_calls == 1
+        assert report.overrunning_calls <= report.deadline_exceeded
+    finally:
+        release.set()
