@@ -357,3 +357,46 @@ def test_health_overrunning_calls_are_part_of_deadline_exceeded(
         assert report.overrunning_calls <= report.deadline_exceeded
     finally:
         release.set()
+
+
+# -- finding 8 ----------------------------------------------------------------------------------
+
+
+class CancellingRunner(RecordingRunner):
+    def cancel(self, batch: int, error: BaseException | None = None) -> None:
+        pass
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 8: a result that finished past its deadline counts when it reaches the "
+    "controller before the controller's next expiry pass",
+)
+def test_a_result_that_finished_past_its_deadline_never_counts() -> None:
+    clock = FakeClock()
+    options = Options(processing_timeout=30, retry_delay=1000)
+    poller = StuckPoller()
+    runner = CancellingRunner()
+    controller = Controller(
+        options,
+        runner=runner,
+        poller=poller,
+        committer=ConsumerCommitter(poller, options.commit_mode),
+        clock=clock,
+    )
+    controller.start(lambda ctx: None, thread=False)
+    controller.post(PartitionsAssigned((Assignment(("t", 0), 1, None, None),)))
+    cluster = FakeCluster()
+    cluster.create_topic("t")
+    cluster.produce("t", b"v", key=b"k")
+    controller.post(RecordsPolled({("t", 0): (1, cluster.records("t"))}))
+    controller.run_once(block=False)
+    [(batch, _)] = runner.submitted
+    # Given the call returns 10 s after its 30 s deadline (the controller was busy, or had not
+    # woken yet, when the result arrived)
+    clock.advance(40)
+    controller.post(WorkDone(batch, (None,), None, clock.monotonic()))
+    controller.run_once(block=False)
+    # Then its late result does not count: the record fails with DeadlineExceeded
+    stats = controller.statistics()
+    assert (stats.records_succeeded, stats.deadline_exceeded) == (0, 1)
