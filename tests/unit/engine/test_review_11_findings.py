@@ -400,3 +400,42 @@ def test_a_result_that_finished_past_its_deadline_never_counts() -> None:
     # Then its late result does not count: the record fails with DeadlineExceeded
     stats = controller.statistics()
     assert (stats.records_succeeded, stats.deadline_exceeded) == (0, 1)
+
+
+# -- finding 9 ----------------------------------------------------------------------------------
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 9: an error message that cannot be encoded to UTF-8 (or whose str() raises) "
+    "crashes the controller while building the dead letter's headers",
+)
+@pytest.mark.parametrize(
+    "error",
+    [ValueError("bad value b'\\xff' -> \udcff"), _Unprintable("x")],
+    ids=["lone-surrogate", "str-raises"],
+)
+def test_a_dead_letter_is_written_whatever_the_error_message(
+    harness, cluster, wait_until, error
+):
+    cluster.create_topic("t")
+    cluster.produce("t", b"\xff", key=b"k")
+    cluster.produce("t", b"ok", key=b"k")
+    done: list[bytes] = []
+    pc = harness.make(Options(max_retries=0, commit_interval=0.01))
+
+    @pc.poll
+    def handle(ctx: PollContext) -> None:
+        if ctx.value == b"\xff":
+            raise error
+        done.append(ctx.value)
+
+    wait_until(lambda: pc.failure is not None or pc.statistics().records_dead_lettered == 1)
+    assert pc.failure is None, pc.failure
+    wait_until(lambda: done == [b"ok"])
+    assert len(cluster.records("t.dlq")) == 1
