@@ -439,3 +439,55 @@ def test_a_dead_letter_is_written_whatever_the_error_message(
     assert pc.failure is None, pc.failure
     wait_until(lambda: done == [b"ok"])
     assert len(cluster.records("t.dlq")) == 1
+
+
+# -- finding 10 ---------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 10: a record whose calls keep timing out and are retried is found, at every "
+    "stall episode, in a call younger than the threshold: on_stall=DEAD_LETTER never acts",
+)
+def test_on_stall_dead_letter_acts_on_a_record_whose_calls_keep_timing_out(
+    harness, cluster, clock, wait_until
+):
+    cluster.create_topic("t")
+    cluster.produce("t", b"block", key=b"a")
+    release = threading.Event()
+    calls: list[int] = []
+
+    def handle(ctx: PollContext) -> None:
+        calls.append(ctx.attempts)
+        release.wait(20)  # hangs (in engine time) at every attempt
+
+    pc = harness.make(
+        Options(
+            processing_timeout=20,  # each attempt abandoned after 20 s ...
+            retry_delay=10,  # ... and retried 10 s later: one attempt every 30 s
+            stall_threshold=30,
+            on_stall="dead_letter",
+            commit_interval=1000,
+            max_concurrency=8,
+        ),
+        clock=clock,
+    )
+    try:
+        pc.poll(handle)
+        wait_until(lambda: len(calls) == 1)
+        # The partition is held from t=0. At t=30 the stall is seen while the retry that just
+        # started runs ("given its chance"); docs/health.md: "the record is dead-lettered if
+        # it still holds the partition at the next episode" (t=60). Go on until t=150.
+        for step in range(1, 16):
+            clock.advance(10)
+            if step % 3 == 0:
+                wait_until(
+                    lambda n=step // 3 + 1: len(calls) >= n
+                    or pc.statistics().records_dead_lettered
+                )
+            time.sleep(0.02)
+        stats = pc.statistics()
+        assert (stats.partition_stalls, len(calls)) >= (2, 1)
+        assert stats.records_dead_lettered == 1, (stats.partition_stalls, calls)
+    finally:
+        release.set()
