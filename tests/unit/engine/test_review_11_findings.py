@@ -491,3 +491,35 @@ def test_on_stall_dead_letter_acts_on_a_record_whose_calls_keep_timing_out(
         assert stats.records_dead_lettered == 1, (stats.partition_stalls, calls)
     finally:
         release.set()
+
+
+# -- finding 11 ---------------------------------------------------------------------------------
+
+
+def _raise_system_exit(*args: object) -> None:
+    raise SystemExit(3)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 11: retries_exhausted_callback / retry_delay_provider errors are contained "
+    "only for Exception: a BaseException (SystemExit) kills the controller (hooks catch it)",
+)
+@pytest.mark.parametrize("which", ["callback", "provider"])
+def test_a_callback_raising_system_exit_is_contained(harness, cluster, wait_until, which):
+    cluster.create_topic("t")
+    cluster.produce("t", b"bad", key=b"k")
+    calls: list[int] = []
+    if which == "callback":
+        options = Options(max_retries=0, retries_exhausted_callback=_raise_system_exit)
+    else:
+        options = Options(max_retries=1, retry_delay=0, retry_delay_provider=_raise_system_exit)
+    pc = harness.make(options)
+
+    @pc.poll
+    def handle(ctx: PollContext) -> None:
+        calls.append(ctx.attempts)
+        raise ValueError("bad")
+
+    wait_until(lambda: pc.failure is not None or pc.statistics().records_dead_lettered == 1)
+    assert pc.failure is None, pc.failure
