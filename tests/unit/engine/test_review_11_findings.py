@@ -523,3 +523,34 @@ def test_a_callback_raising_system_exit_is_contained(harness, cluster, wait_unti
 
     wait_until(lambda: pc.failure is not None or pc.statistics().records_dead_lettered == 1)
     assert pc.failure is None, pc.failure
+
+
+# -- finding 12 ---------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 12: a regex subscription that matches the explicit dead_letter_topic is not "
+    "refused: the consumer reads its own dead letters back (a dead-letter loop)",
+)
+def test_a_regex_subscription_matching_the_dead_letter_topic_is_refused(
+    harness, cluster, wait_until
+):
+    from parallel_consumer import ConfigurationError
+
+    cluster.create_topic("orders")
+    cluster.create_topic("orders.dlq")
+    cluster.produce("orders", b"bad", key=b"k")
+    seen: list[str] = []
+    pc = harness.make(
+        Options(dead_letter_topic="orders.dlq", max_retries=0), topics=("^orders.*",)
+    )
+
+    def handle(ctx: PollContext) -> None:
+        seen.append(ctx.topic)
+        raise ValueError("bad")
+
+    # What happens instead: the consumer starts, reads its own dead letters back from
+    # orders.dlq and dead-letters each again (tens of dead letters per 0.1 s on the fakes)
+    with pytest.raises(ConfigurationError, match="subscribed"):
+        pc.poll(handle)
