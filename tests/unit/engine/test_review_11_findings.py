@@ -85,7 +85,8 @@ def test_retry_with_a_nan_delay_never_gives_a_nan_backoff() -> None:
     except (ValueError, TypeError):
         return  # rejected up front: fine
     delay = retry_delay(Options(), error, RecordContext(None, 1))  # type: ignore[arg-type]
-    assert math.isfinite(delay) and delay >= 0
+    assert math.isfinite(delay)
+    assert delay >= 0
 
 
 @pytest.mark.xfail(
@@ -184,9 +185,10 @@ def test_on_stall_dead_letter_writes_a_stalled_letter_whatever_max_retries(
         # Then (docs/health.md, on_stall DEAD_LETTER) the record holding the partition is
         # written to the dead-letter topic with reason "stalled"
         wait_until(
-            lambda: pc.statistics().records_dead_lettered
-            + pc.statistics().records_skipped_on_failure
-            == 1
+            lambda: (
+                pc.statistics().records_dead_lettered + pc.statistics().records_skipped_on_failure
+                == 1
+            )
         )
         assert hooks.skipped == []
         [letter] = cluster.records("t.dlq")
@@ -206,9 +208,7 @@ def test_on_stall_dead_letter_writes_a_stalled_letter_whatever_max_retries(
     reason="finding 3: transactional mode: a dead-lettered record whose transaction aborts "
     "comes back with attempts=0 and gets max_retries+1 fresh calls",
 )
-def test_a_dead_lettered_record_whose_transaction_aborts_keeps_its_attempts(
-    cluster, wait_until
-):
+def test_a_dead_lettered_record_whose_transaction_aborts_keeps_its_attempts(cluster, wait_until):
     from parallel_consumer import CommitMode, ParallelConsumer, ProducerRecord
     from parallel_consumer.testing.fakes import FakeProducer
 
@@ -251,11 +251,9 @@ def test_a_dead_lettered_record_whose_transaction_aborts_keeps_its_attempts(
     # Then the record comes again keeping its attempt count (as the transactional page says of
     # an aborted transaction: "its handler runs once more and, failing again, the record is
     # dead-lettered in the next transaction"), and every failure counts towards max_retries
-    [(values, _)] = [t for t in producers[0].committed_transactions if t[1]]
-    info = read_dead_letter(
-        [m for m in cluster.records("t.dlq")][-1].headers()
-    ) if cluster.records("t.dlq") else None
-    assert calls == [0, 1, 2], (calls, info)
+    # (observed: [0, 1, 0, 1]: the dead letter was acknowledged, which dropped the record's
+    # failure history, before the transaction holding it aborted)
+    assert calls == [0, 1, 2], calls
 
 
 # -- finding 4 ----------------------------------------------------------------------------------
@@ -420,9 +418,7 @@ class _Unprintable(Exception):
     [ValueError("bad value b'\\xff' -> \udcff"), _Unprintable("x")],
     ids=["lone-surrogate", "str-raises"],
 )
-def test_a_dead_letter_is_written_whatever_the_error_message(
-    harness, cluster, wait_until, error
-):
+def test_a_dead_letter_is_written_whatever_the_error_message(harness, cluster, wait_until, error):
     cluster.create_topic("t")
     cluster.produce("t", b"\xff", key=b"k")
     cluster.produce("t", b"ok", key=b"k")
@@ -482,8 +478,7 @@ def test_on_stall_dead_letter_acts_on_a_record_whose_calls_keep_timing_out(
             clock.advance(10)
             if step % 3 == 0:
                 wait_until(
-                    lambda n=step // 3 + 1: len(calls) >= n
-                    or pc.statistics().records_dead_lettered
+                    lambda n=step // 3 + 1: len(calls) >= n or pc.statistics().records_dead_lettered
                 )
             time.sleep(0.02)
         stats = pc.statistics()
@@ -542,9 +537,7 @@ def test_a_regex_subscription_matching_the_dead_letter_topic_is_refused(
     cluster.create_topic("orders.dlq")
     cluster.produce("orders", b"bad", key=b"k")
     seen: list[str] = []
-    pc = harness.make(
-        Options(dead_letter_topic="orders.dlq", max_retries=0), topics=("^orders.*",)
-    )
+    pc = harness.make(Options(dead_letter_topic="orders.dlq", max_retries=0), topics=("^orders.*",))
 
     def handle(ctx: PollContext) -> None:
         seen.append(ctx.topic)
