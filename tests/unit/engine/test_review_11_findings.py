@@ -547,3 +547,53 @@ def test_a_regex_subscription_matching_the_dead_letter_topic_is_refused(
     # orders.dlq and dead-letters each again (tens of dead letters per 0.1 s on the fakes)
     with pytest.raises(ConfigurationError, match="subscribed"):
         pc.poll(handle)
+
+
+# -- finding 13 ---------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 13: on_stall=DEAD_LETTER dead-letters a record whose call never started "
+    "(queued in the thread runner's backlog behind a hung call), then runs it anyway",
+)
+def test_on_stall_dead_letter_leaves_a_record_waiting_for_a_worker_alone(
+    harness, cluster, clock, wait_until
+):
+    cluster.create_topic("t", 2)
+    release = threading.Event()
+    calls: list[bytes] = []
+
+    def handle(ctx: PollContext) -> None:
+        calls.append(ctx.value)
+        if ctx.value == b"block":
+            release.wait(10)
+
+    pc = harness.make(
+        Options(
+            stall_threshold=30,
+            on_stall="dead_letter",
+            retry_delay=0,
+            commit_interval=1000,
+            max_concurrency=1,  # one worker (and a backlog of one call in the runner)
+        ),
+        clock=clock,
+    )
+    try:
+        pc.poll(handle)
+        # Given t[0]'s record hangs on the only worker, and t[1]'s record is handed to the
+        # runner behind it (it waits for the worker: its call has not started)
+        cluster.produce("t", b"block", key=b"a", partition=0)
+        wait_until(lambda: calls == [b"block"])
+        cluster.produce("t", b"free", key=b"b", partition=1)
+        wait_until(lambda: pc.statistics().in_flight == 2)
+        # When both partitions are found stalled
+        clock.advance(30)
+        wait_until(lambda: pc.statistics().partition_stalls == 2)
+        time.sleep(0.1)
+        # Then t[1]'s record, which never ran, is not dead-lettered (docs/health.md: "a record
+        # waiting in its lane for a worker is not what holds the partition up ... left alone")
+        assert [m.value() for m in cluster.records("t.dlq")] == [b"block"]
+    finally:
+        release.set()
+    wait_until(lambda: calls.count(b"free") >= 1)
