@@ -597,3 +597,33 @@ def test_on_stall_dead_letter_leaves_a_record_waiting_for_a_worker_alone(
     finally:
         release.set()
     wait_until(lambda: calls.count(b"free") >= 1)
+
+
+# -- finding 14 ---------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 14: with max_retries=0, close() cancelling an async call counts as the "
+    "record's last failure: a healthy record is dead-lettered at shutdown",
+)
+def test_close_does_not_dead_letter_the_calls_it_cancels(harness, cluster, wait_until):
+    import asyncio
+
+    cluster.create_topic("t")
+    started = threading.Event()
+    pc = harness.make(Options(max_retries=0, commit_interval=0.01))
+
+    @pc.poll
+    async def handle(ctx: PollContext) -> None:
+        started.set()
+        await asyncio.sleep(10)  # a slow but healthy call
+
+    cluster.produce("t", b"healthy", key=b"a")
+    wait_until(started.is_set)
+    # When the consumer closes without draining, the call is cancelled ("closing with 1
+    # records in flight ...: they are not committed and will be processed again")
+    pc.close(drain=False, timeout=2)
+    # Then the record is left for the next owner, not written to the dead-letter topic
+    assert pc.statistics().records_dead_lettered == 0
+    assert cluster.records("t.dlq") == []
