@@ -6,6 +6,7 @@ library raises, or one of its direct children when they care which part failed.
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 
 __all__ = [
@@ -80,8 +81,10 @@ class Retry(Exception):
         super().__init__(message)
         if isinstance(delay, timedelta):
             delay = delay.total_seconds()
-        if delay is not None and delay < 0:
-            raise ValueError(f"Retry(delay=...) must be >= 0, got {delay!r}")
+        # NaN and infinity are refused like negatives: a NaN due time corrupts the retry queue's
+        # order, and an infinite one pins the record (and its partition's commits) forever.
+        if delay is not None and not (math.isfinite(delay) and delay >= 0):
+            raise ValueError(f"Retry(delay=...) must be finite seconds >= 0, got {delay!r}")
         self.delay: float | None = None if delay is None else float(delay)
 
 
