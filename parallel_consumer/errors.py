@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from datetime import timedelta
+from typing import Any
 
 __all__ = [
     "ConfigurationError",
@@ -108,6 +109,12 @@ class DeadLetter(Exception):
         self.reason = reason
         if cause is not None:
             self.__cause__ = cause
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # An exception pickles as its class, its args and its __dict__: __cause__ would be lost.
+        # The process runner sends a handler's DeadLetter back to the parent, whose dead-letter
+        # headers name the cause, so the cause travels in the state (set back by setattr).
+        return (type(self), self.args, {**self.__dict__, "__cause__": self.__cause__})
 
 
 class RetriesExhausted(ParallelConsumerError):

@@ -289,11 +289,6 @@ def dead_letter_from_cause(ctx: PollContext) -> None:
         raise DeadLetter("not a number") from exc
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 6: runner='process' loses DeadLetter's __cause__ in the pickle round trip: "
-    "the dead letter's headers name DeadLetter, not the cause",
-)
 def test_process_runner_dead_letter_headers_name_the_cause(harness, cluster, wait_until):
     cluster.create_topic("t")
     cluster.produce("t", b"abc", key=b"k")
