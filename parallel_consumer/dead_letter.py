@@ -127,6 +127,16 @@ def _type_name(error: BaseException) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
+def _message(error: BaseException) -> str:
+    """``str(error)``, or its type's name when that fails (an odd ``__str__`` must not stop the
+    record's dead letter from being written)."""
+    try:
+        text = str(error)
+    except BaseException:  # whatever a __str__ raises
+        return _type_name(error)
+    return text if isinstance(text, str) else _type_name(error)
+
+
 Header = tuple[str, bytes]
 
 
@@ -157,7 +167,7 @@ def dead_letter_headers(
         (ORIGINAL_TIMESTAMP, format_time(timestamp_ms / 1000) if timestamp_ms else ""),
         (ATTEMPTS, str(attempts)),
         (ERROR_TYPE, _type_name(error) if error is not None else ""),
-        (ERROR_MESSAGE, _cut(str(error)) if error is not None else ""),
+        (ERROR_MESSAGE, _cut(_message(error)) if error is not None else ""),
         (FIRST_FAILURE_AT, format_time(first_failure_at)),
         (LAST_FAILURE_AT, format_time(last_failure_at)),
         (GROUP, group),
@@ -165,7 +175,8 @@ def dead_letter_headers(
     ]
     if trace_id:
         ours.append((TRACE_ID, trace_id))
-    return kept + [(k, v.encode()) for k, v in ours]
+    # backslashreplace: a lone surrogate (in a message, or a topic name) must not fail the write
+    return kept + [(k, v.encode("utf-8", errors="backslashreplace")) for k, v in ours]
 
 
 @dataclass(frozen=True, slots=True)

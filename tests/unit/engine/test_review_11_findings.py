@@ -387,11 +387,6 @@ class _Unprintable(Exception):
         raise RuntimeError("no str for you")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 9: an error message that cannot be encoded to UTF-8 (or whose str() raises) "
-    "crashes the controller while building the dead letter's headers",
-)
 @pytest.mark.parametrize(
     "error",
     [ValueError("bad value b'\\xff' -> \udcff"), _Unprintable("x")],
