@@ -492,11 +492,6 @@ def test_a_callback_raising_system_exit_is_contained(harness, cluster, wait_unti
 # -- finding 12 ---------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 12: a regex subscription that matches the explicit dead_letter_topic is not "
-    "refused: the consumer reads its own dead letters back (a dead-letter loop)",
-)
 def test_a_regex_subscription_matching_the_dead_letter_topic_is_refused(
     harness, cluster, wait_until
 ):
