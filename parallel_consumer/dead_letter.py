@@ -3,8 +3,9 @@
 One contract shared by everything that writes or reads dead letters: the engine when a record
 is dead-lettered, the PySpark runner's dead-letter rows, and ``pc dlq show`` / ``pc dlq redrive``.
 A dead-lettered record keeps the original key, value and headers and gains the ``pc.dlq.*``
-headers below. Header values are UTF-8 text: integers in decimal, times in ISO-8601 UTC with
-milliseconds (``2026-11-24T04:01:02.123Z``), so they read well in any Kafka tool.
+headers below. Header values are UTF-8 text (a lone surrogate backslash-escaped): integers in
+decimal, times in ISO-8601 UTC with milliseconds (``2026-11-24T04:01:02.123Z``), so they read
+well in any Kafka tool.
 
 A redriven record (``pc dlq redrive``) loses its ``pc.dlq.*`` headers (its attempt count starts
 again from zero) and gains the ``pc.redrive.*`` audit headers.
@@ -53,7 +54,8 @@ ORIGINAL_TIMESTAMP = "pc.dlq.original.timestamp"
 ATTEMPTS = "pc.dlq.attempts"
 #: Qualified name of the last error's type, e.g. ``builtins.ValueError``.
 ERROR_TYPE = "pc.dlq.error.type"
-#: ``str()`` of the last error, cut to :data:`ERROR_MESSAGE_LIMIT` characters.
+#: ``str()`` of the last error, cut to :data:`ERROR_MESSAGE_LIMIT` characters (its type's
+#: qualified name when ``str()`` raises).
 ERROR_MESSAGE = "pc.dlq.error.message"
 FIRST_FAILURE_AT = "pc.dlq.first.failure.at"
 LAST_FAILURE_AT = "pc.dlq.last.failure.at"
