@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -186,7 +187,26 @@ def dead_letter_topics(options: Options, topics: Iterable[str]) -> dict[str, str
             "consumed (and could be dead-lettered) again; set Options.dead_letter_topic to a "
             "topic this consumer does not read"
         )
+    for pattern in (t for t in out if t.startswith("^")):
+        matched = sorted(t for t in set(out.values()) if _matches(pattern, t))
+        if matched:
+            raise ConfigurationError(
+                f"the dead-letter topic {matched[0]!r} is also subscribed (the subscription "
+                f"{pattern!r} matches it): its dead letters would be consumed (and could be "
+                "dead-lettered) again; set Options.dead_letter_topic to a topic the regex does "
+                "not match, or narrow the regex"
+            )
     return out
+
+
+def _matches(pattern: str, topic: str) -> bool:
+    """Whether the ``^regex`` subscription ``pattern`` matches ``topic``, as the client's regex
+    (unanchored at the end, like POSIX ``regexec``) would; a pattern Python cannot compile is
+    left to the client."""
+    try:
+        return re.search(pattern, topic) is not None
+    except re.error:
+        return False
 
 
 def admin_config(producer_config: Mapping[str, Any]) -> dict[str, Any]:

@@ -76,6 +76,8 @@ class RecordContext:
         return datetime.fromtimestamp(millis / 1000, tz=UTC)
 
     def __repr__(self) -> str:
+        if self._message is None:  # a bare context (tests, tools): the warnings naming it still log
+            return f"<RecordContext (no message) attempts={self.attempts}>"
         return (
             f"<RecordContext {self.topic}[{self.partition}]@{self.offset} "
             f"key={self.key!r} attempts={self.attempts}>"

@@ -3,8 +3,9 @@
 One contract shared by everything that writes or reads dead letters: the engine when a record
 is dead-lettered, the PySpark runner's dead-letter rows, and ``pc dlq show`` / ``pc dlq redrive``.
 A dead-lettered record keeps the original key, value and headers and gains the ``pc.dlq.*``
-headers below. Header values are UTF-8 text: integers in decimal, times in ISO-8601 UTC with
-milliseconds (``2026-11-24T04:01:02.123Z``), so they read well in any Kafka tool.
+headers below. Header values are UTF-8 text (a lone surrogate backslash-escaped): integers in
+decimal, times in ISO-8601 UTC with milliseconds (``2026-11-24T04:01:02.123Z``), so they read
+well in any Kafka tool.
 
 A redriven record (``pc dlq redrive``) loses its ``pc.dlq.*`` headers (its attempt count starts
 again from zero) and gains the ``pc.redrive.*`` audit headers.
@@ -53,7 +54,8 @@ ORIGINAL_TIMESTAMP = "pc.dlq.original.timestamp"
 ATTEMPTS = "pc.dlq.attempts"
 #: Qualified name of the last error's type, e.g. ``builtins.ValueError``.
 ERROR_TYPE = "pc.dlq.error.type"
-#: ``str()`` of the last error, cut to :data:`ERROR_MESSAGE_LIMIT` characters.
+#: ``str()`` of the last error, cut to :data:`ERROR_MESSAGE_LIMIT` characters (its type's
+#: qualified name when ``str()`` raises).
 ERROR_MESSAGE = "pc.dlq.error.message"
 FIRST_FAILURE_AT = "pc.dlq.first.failure.at"
 LAST_FAILURE_AT = "pc.dlq.last.failure.at"
@@ -127,6 +129,16 @@ def _type_name(error: BaseException) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
+def _message(error: BaseException) -> str:
+    """``str(error)``, or its type's name when that fails (an odd ``__str__`` must not stop the
+    record's dead letter from being written)."""
+    try:
+        text = str(error)
+    except BaseException:  # whatever a __str__ raises
+        return _type_name(error)
+    return text if isinstance(text, str) else _type_name(error)
+
+
 Header = tuple[str, bytes]
 
 
@@ -157,7 +169,7 @@ def dead_letter_headers(
         (ORIGINAL_TIMESTAMP, format_time(timestamp_ms / 1000) if timestamp_ms else ""),
         (ATTEMPTS, str(attempts)),
         (ERROR_TYPE, _type_name(error) if error is not None else ""),
-        (ERROR_MESSAGE, _cut(str(error)) if error is not None else ""),
+        (ERROR_MESSAGE, _cut(_message(error)) if error is not None else ""),
         (FIRST_FAILURE_AT, format_time(first_failure_at)),
         (LAST_FAILURE_AT, format_time(last_failure_at)),
         (GROUP, group),
@@ -165,7 +177,8 @@ def dead_letter_headers(
     ]
     if trace_id:
         ours.append((TRACE_ID, trace_id))
-    return kept + [(k, v.encode()) for k, v in ours]
+    # backslashreplace: a lone surrogate (in a message, or a topic name) must not fail the write
+    return kept + [(k, v.encode("utf-8", errors="backslashreplace")) for k, v in ours]
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,9 @@ library raises, or one of its direct children when they care which part failed.
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
+from typing import Any
 
 __all__ = [
     "ConfigurationError",
@@ -80,8 +82,10 @@ class Retry(Exception):
         super().__init__(message)
         if isinstance(delay, timedelta):
             delay = delay.total_seconds()
-        if delay is not None and delay < 0:
-            raise ValueError(f"Retry(delay=...) must be >= 0, got {delay!r}")
+        # NaN and infinity are refused like negatives: a NaN due time corrupts the retry queue's
+        # order, and an infinite one pins the record (and its partition's commits) forever.
+        if delay is not None and not (math.isfinite(delay) and delay >= 0):
+            raise ValueError(f"Retry(delay=...) must be finite seconds >= 0, got {delay!r}")
         self.delay: float | None = None if delay is None else float(delay)
 
 
@@ -105,6 +109,12 @@ class DeadLetter(Exception):
         self.reason = reason
         if cause is not None:
             self.__cause__ = cause
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # An exception pickles as its class, its args and its __dict__: __cause__ would be lost.
+        # The process runner sends a handler's DeadLetter back to the parent, whose dead-letter
+        # headers name the cause, so the cause travels in the state (set back by setattr).
+        return (type(self), self.args, {**self.__dict__, "__cause__": self.__cause__})
 
 
 class RetriesExhausted(ParallelConsumerError):

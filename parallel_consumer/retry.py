@@ -26,21 +26,31 @@ def retry_delay(options: Options, error: BaseException, record: RecordContext) -
 
     ``Retry(delay=...)`` raised by the handler wins; then ``Options.retry_delay_provider`` (which
     sees the attempt count including this failure); then ``Options.retry_delay``. A provider
-    that fails or returns nonsense falls back to ``retry_delay`` with a warning, because a bug in
-    it must not stop the consumer.
+    that fails (even with a ``BaseException``) or returns nonsense (negative, NaN, infinite), and
+    a ``Retry.delay`` that is not finite seconds >= 0, fall back to ``retry_delay`` with a
+    warning naming the record, because a bug in them must not stop the consumer.
     """
     if isinstance(error, Retry) and error.delay is not None:
-        return error.delay
+        if math.isfinite(error.delay) and error.delay >= 0:
+            return error.delay
+        # Retry checks its delay, but the attribute can be set afterwards: a NaN due time would
+        # corrupt the retry queue's order, an infinite one pin the record forever.
+        log.warning(
+            "Retry(delay=%r) raised for %r is not finite seconds >= 0; using retry_delay",
+            error.delay,
+            record,
+        )
+        return options.retry_delay
     provider = options.retry_delay_provider
     if provider is None:
         return options.retry_delay
     try:
         value = provider(record)
         seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    except Exception:
+    except BaseException:  # even SystemExit: a provider bug must not stop us
         log.warning("retry_delay_provider failed for %r; using retry_delay", record, exc_info=True)
         return options.retry_delay
-    if not seconds >= 0:  # also catches NaN
+    if not (math.isfinite(seconds) and seconds >= 0):  # also catches NaN
         log.warning("retry_delay_provider returned %r for %r; using retry_delay", value, record)
         return options.retry_delay
     return seconds
@@ -63,10 +73,13 @@ def backoff_delay(
     first); values below 1 are taken as 1.
     """
     exponent = max(attempts, 1) - 1
-    try:
-        base = initial * multiplier**exponent
-    except OverflowError:
-        base = maximum
+    if initial == 0:
+        base = 0.0  # 0 * anything, even once multiplier ** exponent overflows
+    else:
+        try:
+            base = initial * multiplier**exponent
+        except OverflowError:
+            base = maximum
     base = min(base, maximum)
     return base * (1.0 - jitter * min(max(draw, 0.0), 1.0))
 

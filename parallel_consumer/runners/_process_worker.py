@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from parallel_consumer.context import Headers, PollContext, RecordContext
-from parallel_consumer.errors import ParallelConsumerError
+from parallel_consumer.errors import DeadLetter, ParallelConsumerError
 
 __all__ = [
     "DetachedRecord",
@@ -80,6 +80,17 @@ def portable_error(error: BaseException) -> BaseException:
     try:
         pickle.loads(pickle.dumps(error))
     except Exception:
+        cause = error.__cause__
+        if isinstance(error, DeadLetter) and cause is not None:
+            # Still a DeadLetter (the parent must dead-letter the record, not retry it): only
+            # its cause, which did not survive the pickle, becomes a RemoteError.
+            portable = DeadLetter(error.reason, cause=portable_error(cause))
+            try:
+                pickle.loads(pickle.dumps(portable))
+            except Exception:
+                pass
+            else:
+                return portable
         text = "".join(traceback.format_exception(error))
         return RemoteError(_type_name(error), str(error), text)
     return error

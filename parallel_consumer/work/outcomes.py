@@ -109,9 +109,10 @@ def exhausted_decision(
     if callback is not None:
         try:
             chosen = callback(record, error)
-        except Exception:
+        except BaseException:  # even SystemExit: a callback bug must not stop us
             log.warning(
-                "retries_exhausted_callback failed; applying on_retries_exhausted=%s",
+                "retries_exhausted_callback failed for %r; applying on_retries_exhausted=%s",
+                record,
                 policy.name,
                 exc_info=True,
             )

@@ -323,6 +323,30 @@ def test_a_dead_letter_topic_that_is_also_subscribed_is_refused(harness, cluster
         pc.poll(lambda ctx: None)
 
 
+@pytest.mark.parametrize(
+    ("topics", "refused"),
+    [
+        (("^orders.*",), True),
+        (("^ord(ers|x)",), True),  # unanchored at the end, as the client's regex
+        (("payments", "^orders.*"), True),
+        (("^orders$",), False),
+        (("^orders-[a-z]+$",), False),
+        (("^[",), False),  # not a Python regex: left to the client
+    ],
+)
+def test_a_regex_subscription_matching_the_dead_letter_topic_is_refused_at_start(
+    topics: tuple[str, ...], refused: bool
+) -> None:
+    from parallel_consumer._dead_letters import dead_letter_topics
+
+    options = Options(dead_letter_topic="orders.dlq")
+    if refused:
+        with pytest.raises(ConfigurationError, match=r"'orders\.dlq' is also subscribed"):
+            dead_letter_topics(options, topics)
+    else:
+        assert set(dead_letter_topics(options, topics).values()) == {"orders.dlq"}
+
+
 def test_a_hook_that_raises_never_breaks_processing(harness, cluster, wait_until):
     class Broken(NoHooks):
         def on_failure(self, record: RecordContext, error: BaseException) -> None:

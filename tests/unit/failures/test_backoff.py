@@ -99,3 +99,9 @@ def test_bad_settings_are_configuration_errors_naming_the_setting(
 ) -> None:
     with pytest.raises(ConfigurationError, match=names):
         exponential_backoff(**kwargs)
+
+
+def test_a_zero_initial_delay_stays_zero_however_many_failures() -> None:
+    provider = exponential_backoff(initial=0, multiplier=10, max=60, jitter=0)
+    for attempts in (1, 2, 400, 10_000):
+        assert provider(_record(attempts)) == 0

@@ -64,3 +64,25 @@ def test_times_are_utc_with_milliseconds() -> None:
     assert dl.format_time(0.0) == "1970-01-01T00:00:00.000Z"
     assert dl.format_time(datetime(2026, 1, 2, 3, 4, 5, 678999)) == "2026-01-02T03:04:05.678Z"
     assert dl.format_time(None) == ""
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+
+def test_an_error_whose_str_raises_is_named_by_its_type() -> None:
+    info = dl.read_dead_letter(_headers(error=_Unprintable("x")))
+    assert info is not None
+    assert info.error_type.endswith("._Unprintable")
+    assert info.error_message == info.error_type
+
+
+def test_text_that_is_not_valid_utf8_is_escaped_not_refused() -> None:
+    headers = _headers(error=ValueError("bad \udcff byte"), topic="t\udcfe")
+    values = dict(headers)
+    assert values[dl.ERROR_MESSAGE] == b"bad \\udcff byte"
+    info = dl.read_dead_letter(headers)
+    assert info is not None
+    assert info.error_message == "bad \\udcff byte"
+    assert info.topic == "t\\udcfe"

@@ -16,6 +16,7 @@ from parallel_consumer import (
     Skip,
 )
 from parallel_consumer.dead_letter import Reason
+from parallel_consumer.retry import retry_delay
 from parallel_consumer.work.outcomes import (
     DeadLetterNow,
     RetryAt,
@@ -120,7 +121,9 @@ def test_the_callback_sees_the_record_and_error_and_may_override_the_policy() ->
     assert seen == [(1, "boom")]
 
 
-@pytest.mark.parametrize("returned", ["nonsense", RuntimeError("callback bug")])
+@pytest.mark.parametrize(
+    "returned", ["nonsense", RuntimeError("callback bug"), SystemExit(3), KeyboardInterrupt()]
+)
 def test_a_callback_that_fails_or_returns_nonsense_leaves_the_policy(returned: Any) -> None:
     def callback(record: RecordContext, error: BaseException) -> Any:
         if isinstance(returned, BaseException):
@@ -157,3 +160,35 @@ def test_dead_lettering_is_on_only_when_something_can_dead_letter() -> None:
     assert Options(max_retries=3).dead_lettering
     assert Options(non_retryable=ValueError).dead_lettering  # type: ignore[arg-type]
     assert Options(dead_letter_topic="dlq").dead_lettering
+
+
+@pytest.mark.parametrize("delay", [-1.0, float("nan"), float("inf"), float("-inf")])
+def test_retry_refuses_a_delay_that_is_not_finite_seconds(delay: float) -> None:
+    with pytest.raises(ValueError, match="finite seconds >= 0"):
+        Retry("x", delay=delay)
+
+
+@pytest.mark.parametrize("delay", [float("nan"), float("inf"), -1.0])
+def test_a_bad_delay_set_on_a_retry_afterwards_falls_back_to_retry_delay(
+    delay: float, caplog: pytest.LogCaptureFixture
+) -> None:
+    error = Retry("x")
+    error.delay = delay
+    assert retry_delay(Options(retry_delay=2), error, _record(1)) == 2.0
+    assert "t[0]@7" in caplog.text  # the warning names the record
+
+
+@pytest.mark.parametrize(
+    "value", [float("nan"), float("inf"), -1.0, None, SystemExit(3), KeyboardInterrupt()]
+)
+def test_a_provider_that_fails_or_returns_nonsense_falls_back_to_retry_delay(
+    value: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    def provider(record: RecordContext) -> Any:
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    options = Options(retry_delay=2, retry_delay_provider=provider)
+    assert retry_delay(options, ValueError(), _record(1)) == 2.0
+    assert "t[0]@7" in caplog.text

@@ -197,6 +197,37 @@ def test_exceptions_come_back_as_failures_and_unpicklable_ones_keep_their_name(r
     assert done[4].errors == (None,)
 
 
+class _UnpicklableCause(Exception):
+    def __init__(self, a: int, b: int) -> None:  # pickling calls __init__(*args): one arg only
+        super().__init__(f"{a}/{b}")
+
+
+def test_a_dead_letter_keeps_its_cause_through_the_pickle_round_trip():
+    import pickle
+
+    from parallel_consumer import DeadLetter
+    from parallel_consumer.runners._process_worker import portable_error
+
+    # Given DeadLetter raised from a picklable cause: the cause travels with it
+    try:
+        try:
+            int("x")
+        except ValueError as exc:
+            raise DeadLetter("not a number") from exc
+    except DeadLetter as raised:
+        letter = raised
+    back = pickle.loads(pickle.dumps(portable_error(letter)))
+    assert isinstance(back, DeadLetter)
+    assert back.reason == "not a number"
+    assert isinstance(back.__cause__, ValueError)
+    # Given a cause that cannot be pickled: still a DeadLetter, its cause a RemoteError
+    portable = portable_error(DeadLetter("odd", cause=_UnpicklableCause(1, 2)))
+    back = pickle.loads(pickle.dumps(portable))
+    assert isinstance(back, DeadLetter)
+    assert isinstance(back.__cause__, RemoteError)
+    assert back.__cause__.type_name.endswith("_UnpicklableCause")
+
+
 def test_a_crashed_worker_is_replaced_and_its_calls_report_failed(runner):
     process_runner, results, _ = runner
     # When a call kills its worker process
