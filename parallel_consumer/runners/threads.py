@@ -41,6 +41,9 @@ class ThreadRunner:
         self._hooks = hooks or NoHooks()
         #: False for NoHooks: two calls per record saved on the hot path.
         self._has_hooks = type(self._hooks) is not NoHooks
+        #: Calls inside the handler right now (set and read under the GIL: one add and one
+        #: discard per call).
+        self._running: set[int] = set()
         self._tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._gate = threading.Lock()
@@ -77,6 +80,10 @@ class ThreadRunner:
                 cancelled.extend(batch for batch, _ in task)
             elif task is not None:
                 cancelled.append(task[0])
+
+    def running(self, batch: int) -> bool:
+        """Whether call ``batch`` is inside the handler now (not queued, not finished)."""
+        return batch in self._running
 
     def cancel(self, batch: int, error: BaseException | None = None) -> None:
         """A no-op: a Python thread cannot be interrupted."""
@@ -150,6 +157,8 @@ class ThreadRunner:
                     return None
         error: BaseException | None = None
         value: object = None
+        running = self._running
+        running.add(batch)
         try:
             value = handler(context)
         except Exception as exc:
@@ -161,6 +170,7 @@ class ThreadRunner:
                 "handler raised %r for %r; treating it as a failure of the call", exc, context
             )
             error = exc
+        running.discard(batch)
         if self._has_hooks:
             hooks.on_call_end(batch, context, error)
         partial = error is None and context.has_failures
