@@ -147,6 +147,8 @@ class Controller:
         #: hop (adaptive dispatch; only runners with ``submit_chunk``, and no deadlines).
         self.chunk_size = 1
         self._chunks = False
+        #: on_stall=DEAD_LETTER: records whose young call was given its chance once already.
+        self._stall_chances: set[tuple[TopicPartition, int]] = set()
         self._inbox: queue.SimpleQueue[ControllerEvent] = queue.SimpleQueue()
         self._thread = threading.Thread(
             target=self._run, name=f"{name or options.name}-controller", daemon=True
@@ -708,8 +710,10 @@ class Controller:
         if track is not None and track.lowest == item.offset:
             self._progress_moved.add(item.tp)  # the partition's stall watch sees progress
         state.succeeded(item.offset)
-        if item.attempts and self._history:
-            self._history.pop((item.tp, item.offset), None)
+        if self._stall_chances:
+            self._stall_chances.discard((item.tp, item.offset))
+        # (Its failure history, kept in the transactional mode, stays until a commit passes
+        # it: the transaction holding its dead letter or outputs may still abort.)
         self._shards.finished(item)
         blocked = self._commits.blocked
         if blocked and item.tp in blocked:
@@ -996,6 +1000,13 @@ class Controller:
         # Runs on whichever thread resolves the future (the poller): only posts.
         self.post(CommitResult(answer.result()))
 
+    def _forget_history_below(self, tp: TopicPartition, offset: int) -> None:
+        """The group committed ``tp`` at ``offset``: failures of records below it can no
+        longer run again (transactional mode)."""
+        history = self._history
+        for key in [k for k in history if k[0] == tp and k[1] < offset]:
+            del history[key]
+
     def _on_commit_result(self, answers: tuple[CommitAnswer, ...]) -> None:
         if self._gate is not None:
             self._gate.answered()
@@ -1006,6 +1017,8 @@ class Controller:
             current = state is not None and state.epoch == commit.epoch
             if answer.error is None:
                 counters.commits_acknowledged += 1
+                if self._history:
+                    self._forget_history_below(commit.tp, commit.offset)
             elif answer.permanent:
                 raise InternalError(
                     f"the broker rejected the commit of {commit.tp[0]}[{commit.tp[1]}]@"
@@ -1202,18 +1215,26 @@ class Controller:
         for batch in self._in_flight:
             if item not in batch.items:
                 continue
-            if now - batch.started_at < threshold or (
-                running is not None and not running(batch.id)
-            ):
-                # A new attempt (say, its retry) gets its chance; a call still queued for a
-                # worker is not what holds the partition up.
+            age = now - batch.started_at
+            key = (item.tp, item.offset)
+            if age >= threshold and running is not None and not running(batch.id):
+                # Queued for a worker all this time (the workers are held elsewhere): it is
+                # not what holds the partition up.
                 log.info(
-                    "%s[%d]@%d holds the partition; its call was handed over %.1fs ago and %s: "
-                    "left alone",
+                    "%s[%d]@%d holds the partition; its call waits for a worker: left alone",
                     *item.tp,
                     item.offset,
-                    now - batch.started_at,
-                    "has not started" if running is not None and not running(batch.id) else "runs",
+                )
+                return
+            if age < threshold and key not in self._stall_chances:
+                # A new attempt (say, its retry) gets one chance, once per record.
+                self._stall_chances.add(key)
+                log.info(
+                    "%s[%d]@%d holds the partition; its call was handed over %.1fs ago: it gets "
+                    "its chance",
+                    *item.tp,
+                    item.offset,
+                    age,
                 )
                 return
             self._in_flight.pop(batch.id)

@@ -198,11 +198,6 @@ def test_on_stall_dead_letter_writes_a_stalled_letter_whatever_max_retries(
 # -- finding 3 ----------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 3: transactional mode: a dead-lettered record whose transaction aborts "
-    "comes back with attempts=0 and gets max_retries+1 fresh calls",
-)
 def test_a_dead_lettered_record_whose_transaction_aborts_keeps_its_attempts(cluster, wait_until):
     from parallel_consumer import CommitMode, ParallelConsumer, ProducerRecord
     from parallel_consumer.testing.fakes import FakeProducer
@@ -425,11 +420,6 @@ def test_a_dead_letter_is_written_whatever_the_error_message(harness, cluster, w
 # -- finding 10 ---------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 10: a record whose calls keep timing out and are retried is found, at every "
-    "stall episode, in a call younger than the threshold: on_stall=DEAD_LETTER never acts",
-)
 def test_on_stall_dead_letter_acts_on_a_record_whose_calls_keep_timing_out(
     harness, cluster, clock, wait_until
 ):
