@@ -73,7 +73,7 @@ from parallel_consumer.options import (
 )
 from parallel_consumer.produce import ProduceError, ProduceResult, outputs_of
 from parallel_consumer.retry import RetryQueue
-from parallel_consumer.runners.base import Handler, Runner
+from parallel_consumer.runners.base import CallCancelled, Handler, Runner
 from parallel_consumer.status import Lifecycle, PollerStatistics, Statistics, assemble_statistics
 from parallel_consumer.work.backpressure import Pauses
 from parallel_consumer.work.commits import CommitAnswer, CommitTracker, OffsetCommit
@@ -147,6 +147,8 @@ class Controller:
         #: hop (adaptive dispatch; only runners with ``submit_chunk``, and no deadlines).
         self.chunk_size = 1
         self._chunks = False
+        #: on_stall=DEAD_LETTER: records whose young call was given its chance once already.
+        self._stall_chances: set[tuple[TopicPartition, int]] = set()
         self._inbox: queue.SimpleQueue[ControllerEvent] = queue.SimpleQueue()
         self._thread = threading.Thread(
             target=self._run, name=f"{name or options.name}-controller", daemon=True
@@ -628,7 +630,23 @@ class Controller:
         partial: bool,
     ) -> None:
         """A handler call ended (one ``WorkDone``, or one call of a chunk)."""
-        if self._deadlines.ended(batch_id):
+        deadlines = self._deadlines
+        if self._timeout is not None and deadlines.finished_late(batch_id, finished_at):
+            # It ended after its deadline, before the controller noticed the deadline passed:
+            # a late result like any other (it must not count), but the call is over.
+            batch = self._in_flight.pop(batch_id)
+            deadlines.ended(batch_id)
+            if batch is None:  # pragma: no cover - a watched call is in flight
+                return
+            self._counters.deadline_exceeded += 1
+            self._counters.late_results += 1
+            error = DeadlineExceeded(
+                f"the handler call ended after its deadline (processing_timeout="
+                f"{self._timeout:g}s); its result is ignored"
+            )
+            self._settle(batch, (error,) * len(batch.items), finished_at)
+            return
+        if deadlines.ended(batch_id):
             # The call ran past its deadline and its records went on without it.
             self._counters.late_results += 1
             log.info("the late result of handler call %d is ignored", batch_id)
@@ -692,8 +710,10 @@ class Controller:
         if track is not None and track.lowest == item.offset:
             self._progress_moved.add(item.tp)  # the partition's stall watch sees progress
         state.succeeded(item.offset)
-        if item.attempts and self._history:
-            self._history.pop((item.tp, item.offset), None)
+        if self._stall_chances:
+            self._stall_chances.discard((item.tp, item.offset))
+        # (Its failure history, kept in the transactional mode, stays until a commit passes
+        # it: the transaction holding its dead letter or outputs may still abort.)
         self._shards.finished(item)
         blocked = self._commits.blocked
         if blocked and item.tp in blocked:
@@ -813,12 +833,8 @@ class Controller:
             for pending in self._pending.take_queued():
                 self._send_outputs(pending)
 
-    def _failed(self, item: WorkItem, error: BaseException, finished_at: float) -> None:
-        if isinstance(error, Skip | DeadLetter):
-            # The handler decided: not a failed attempt (the dead letter's attempt count and
-            # the record's history stay as they were).
-            self._give_up(item, error, decide(error, _context_of(item), finished_at, self._options))
-            return
+    def _count_failure(self, item: WorkItem, error: BaseException) -> RecordContext:
+        """A failed attempt of ``item``: its history, the counter and the ``on_failure`` hook."""
         self._counters.failed += 1
         item.attempts += 1
         item.last_failure = error
@@ -834,6 +850,20 @@ class Controller:
             )
         record = RecordContext(item.message, item.attempts, error, item.last_failure_at)
         self._hooks.on_failure(record, error)
+        return record
+
+    def _failed(self, item: WorkItem, error: BaseException, finished_at: float) -> None:
+        if isinstance(error, Skip | DeadLetter):
+            # The handler decided: not a failed attempt (the dead letter's attempt count and
+            # the record's history stay as they were).
+            self._give_up(item, error, decide(error, _context_of(item), finished_at, self._options))
+            return
+        if self._close is not None and isinstance(error, CallCancelled):
+            # close() cancelled the call: not the record's failure. It stays unfinished (and
+            # uncommitted) and runs again after the restart; no retry, no exhaustion policy.
+            self._shards.retry_later(item)
+            return
+        record = self._count_failure(item, error)
         decision = decide(error, record, finished_at, self._options)
         if not isinstance(decision, RetryAt):
             self._give_up(item, error, decision)
@@ -970,6 +1000,13 @@ class Controller:
         # Runs on whichever thread resolves the future (the poller): only posts.
         self.post(CommitResult(answer.result()))
 
+    def _forget_history_below(self, tp: TopicPartition, offset: int) -> None:
+        """The group committed ``tp`` at ``offset``: failures of records below it can no
+        longer run again (transactional mode)."""
+        history = self._history
+        for key in [k for k in history if k[0] == tp and k[1] < offset]:
+            del history[key]
+
     def _on_commit_result(self, answers: tuple[CommitAnswer, ...]) -> None:
         if self._gate is not None:
             self._gate.answered()
@@ -980,6 +1017,8 @@ class Controller:
             current = state is not None and state.epoch == commit.epoch
             if answer.error is None:
                 counters.commits_acknowledged += 1
+                if self._history:
+                    self._forget_history_below(commit.tp, commit.offset)
             elif answer.permanent:
                 raise InternalError(
                     f"the broker rejected the commit of {commit.tp[0]}[{commit.tp[1]}]@"
@@ -1064,27 +1103,31 @@ class Controller:
             )
             self._abandon(batch, error, now)
 
-    def _abandon(self, batch: Batch, error: BaseException, now: float) -> None:
+    def _abandon(
+        self, batch: Batch, error: BaseException, now: float, *, whole: Batch | None = None
+    ) -> None:
         """Fail ``batch``'s records now (``batch`` is already out of the in-flight table and
         an overrun in ``_deadlines``) and ask the runner to end the call. Whatever the call
-        reports later is ignored: the records go on through the normal failure path."""
-        first = batch.items[0]
+        reports later is ignored: the records go on through the normal failure path.
+        ``whole``: the call, when ``batch`` holds only the records to fail this way."""
+        call = whole or batch
+        first = call.items[0]
         log.warning(
             "%s[%d]@%d%s: handler call %d abandoned after %.1fs (%s); its records are retried, "
             "and its result, if it ever comes, ignored",
             *first.tp,
             first.offset,
-            f" (+{len(batch.items) - 1} more)" if len(batch.items) > 1 else "",
-            batch.id,
-            now - batch.started_at,
+            f" (+{len(call.items) - 1} more)" if len(call.items) > 1 else "",
+            call.id,
+            now - call.started_at,
             error,
         )
-        errors = (error,) * len(batch.items)
-        self._hooks.on_work_done(batch.id, errors, now - batch.started_at)
+        self._hooks.on_work_done(call.id, (error,) * len(call.items), now - call.started_at)
         # The asyncio runner cancels the task, the process runner replaces the worker
         # process; a thread runs on (it holds a worker until it returns: see _call_limit).
-        self._runner.cancel(batch.id, error)
-        self._settle(batch, errors, now)
+        self._runner.cancel(call.id, error)
+        if batch.items:
+            self._settle(batch, (error,) * len(batch.items), now)
 
     def _watch_partitions(self, now: float, only: set[TopicPartition] | None = None) -> None:
         """Observe the progress of every partition (or ``only`` those); act on partitions
@@ -1168,39 +1211,56 @@ class Controller:
         partition up (the workers are busy elsewhere): it is left alone."""
         threshold = self._options.stall_threshold
         assert threshold is not None
-        error: BaseException | None = None
+        running = getattr(self._runner, "running", None)
         for batch in self._in_flight:
-            if item in batch.items:
-                if now - batch.started_at < threshold:
-                    log.info(
-                        "%s[%d]@%d holds the partition; its call started %.1fs ago: left to run",
-                        *item.tp,
-                        item.offset,
-                        now - batch.started_at,
-                    )
-                    return
-                self._in_flight.pop(batch.id)
-                self._deadlines.expire(batch.id)
-                error = DeadlineExceeded(
-                    f"{item.tp[0]}[{item.tp[1]}]@{item.offset} held its partition for longer "
-                    f"than stall_threshold={threshold}s (on_stall=DEAD_LETTER)"
+            if item not in batch.items:
+                continue
+            age = now - batch.started_at
+            key = (item.tp, item.offset)
+            if age >= threshold and running is not None and not running(batch.id):
+                # Queued for a worker all this time (the workers are held elsewhere): it is
+                # not what holds the partition up.
+                log.info(
+                    "%s[%d]@%d holds the partition; its call waits for a worker: left alone",
+                    *item.tp,
+                    item.offset,
                 )
-                # Its records fail (the other records of a batch are retried as usual) ...
-                self._abandon(batch, error, now)
-                break
-        # ... and the record holding the partition goes to the dead-letter topic instead.
-        if self._retries.find(item.tp, item.offset) is item:
-            if error is None:
-                error = item.last_failure
+                return
+            if age < threshold and key not in self._stall_chances:
+                # A new attempt (say, its retry) gets one chance, once per record.
+                self._stall_chances.add(key)
+                log.info(
+                    "%s[%d]@%d holds the partition; its call was handed over %.1fs ago: it gets "
+                    "its chance",
+                    *item.tp,
+                    item.offset,
+                    age,
+                )
+                return
+            self._in_flight.pop(batch.id)
+            self._deadlines.expire(batch.id)
+            self._counters.deadline_exceeded += 1
+            error = DeadlineExceeded(
+                f"{item.tp[0]}[{item.tp[1]}]@{item.offset} held its partition for longer "
+                f"than stall_threshold={threshold}s (on_stall=DEAD_LETTER)"
+            )
+            # The call is abandoned; its other records (a batch) fail and are retried as usual,
+            # and the record holding the partition goes to the dead-letter topic whatever the
+            # retry policy says: the stall policy decided.
+            others = tuple(i for i in batch.items if i is not item)
+            self._abandon(Batch(batch.id, others, batch.started_at), error, now, whole=batch)
+            self._count_failure(item, error)
             self._dead_letter_now(item, error, Reason.STALLED)
             return
-        if error is None:
-            log.warning(
-                "%s[%d]@%d holds the partition but is neither in a handler call nor waiting for "
-                "its retry (it waits for a worker): nothing to dead-letter",
-                *item.tp,
-                item.offset,
-            )
+        if self._retries.find(item.tp, item.offset) is item:
+            self._dead_letter_now(item, item.last_failure, Reason.STALLED)
+            return
+        log.warning(
+            "%s[%d]@%d holds the partition but is neither in a handler call nor waiting for "
+            "its retry (it waits for a worker): nothing to dead-letter",
+            *item.tp,
+            item.offset,
+        )
 
     def health(self) -> HealthReport:
         """The progress report of ``pc.health()`` (on the controller thread)."""

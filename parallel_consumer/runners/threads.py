@@ -12,7 +12,7 @@ from parallel_consumer._clock import Clock
 from parallel_consumer._events import CallResult, WorkDone, WorkDoneMany
 from parallel_consumer.context import PollContext
 from parallel_consumer.hooks import Hooks, NoHooks
-from parallel_consumer.runners.base import Handler
+from parallel_consumer.runners.base import CallCancelled, Handler
 
 __all__ = ["ThreadRunner"]
 
@@ -41,6 +41,12 @@ class ThreadRunner:
         self._hooks = hooks or NoHooks()
         #: False for NoHooks: two calls per record saved on the hot path.
         self._has_hooks = type(self._hooks) is not NoHooks
+        #: Calls inside the handler right now (set and read under the GIL: one add and one
+        #: discard per call).
+        self._running: set[int] = set()
+        #: Calls cancelled before they started: a worker that takes one reports it cancelled
+        #: instead of running it.
+        self._cancelled: set[int] = set()
         self._tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._gate = threading.Lock()
@@ -78,8 +84,15 @@ class ThreadRunner:
             elif task is not None:
                 cancelled.append(task[0])
 
+    def running(self, batch: int) -> bool:
+        """Whether call ``batch`` is inside the handler now (not queued, not finished)."""
+        return batch in self._running
+
     def cancel(self, batch: int, error: BaseException | None = None) -> None:
-        """A no-op: a Python thread cannot be interrupted."""
+        """A call not started yet never starts (it is reported cancelled when a worker takes
+        it); a running call runs on: a Python thread cannot be interrupted."""
+        if batch not in self._running:
+            self._cancelled.add(batch)
 
     def stop(self, timeout: float) -> bool:
         with self._gate:
@@ -150,6 +163,13 @@ class ThreadRunner:
                     return None
         error: BaseException | None = None
         value: object = None
+        cancelled = self._cancelled
+        if cancelled and batch in cancelled:
+            cancelled.discard(batch)
+            error = CallCancelled("cancelled before it started (the engine gave up on it)")
+            return batch, (error,) * len(context), None, self._clock.monotonic(), False
+        running = self._running
+        running.add(batch)
         try:
             value = handler(context)
         except Exception as exc:
@@ -161,6 +181,9 @@ class ThreadRunner:
                 "handler raised %r for %r; treating it as a failure of the call", exc, context
             )
             error = exc
+        running.discard(batch)
+        if cancelled:
+            cancelled.discard(batch)  # cancelled while it was being started: it ran anyway
         if self._has_hooks:
             hooks.on_call_end(batch, context, error)
         partial = error is None and context.has_failures

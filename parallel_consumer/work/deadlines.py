@@ -43,6 +43,12 @@ class Deadlines:
             heapq.heappush(self._heap, (until, batch))
         return True
 
+    def finished_late(self, batch: int, finished_at: float) -> bool:
+        """The call's result says it ended at ``finished_at``, after its deadline (the
+        controller had not looked yet): it must not count. Call before :meth:`ended`."""
+        deadline = self._at.get(batch)
+        return deadline is not None and finished_at > deadline
+
     def ended(self, batch: int) -> bool:
         """The call's result arrived. True if it is an overrun's late result (to ignore)."""
         if batch in self._overruns:

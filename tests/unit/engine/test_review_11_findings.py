@@ -146,11 +146,6 @@ def _blocked_partition(cluster: FakeCluster) -> tuple[Any, threading.Event, list
 
 
 @pytest.mark.parametrize("policy", ["skip", "dead_letter"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 2: on_stall=DEAD_LETTER on a record in a call goes through the "
-    "retries-exhausted policy (skip / reason retries-exhausted) instead of a 'stalled' letter",
-)
 def test_on_stall_dead_letter_writes_a_stalled_letter_whatever_max_retries(
     harness, cluster, clock, wait_until, policy
 ):
@@ -197,11 +192,6 @@ def test_on_stall_dead_letter_writes_a_stalled_letter_whatever_max_retries(
 # -- finding 3 ----------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 3: transactional mode: a dead-lettered record whose transaction aborts "
-    "comes back with attempts=0 and gets max_retries+1 fresh calls",
-)
 def test_a_dead_lettered_record_whose_transaction_aborts_keeps_its_attempts(cluster, wait_until):
     from parallel_consumer import CommitMode, ParallelConsumer, ProducerRecord
     from parallel_consumer.testing.fakes import FakeProducer
@@ -304,11 +294,6 @@ def test_process_runner_dead_letter_headers_name_the_cause(harness, cluster, wai
 # -- finding 7 ----------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 7: a call abandoned by on_stall=DEAD_LETTER counts in overrunning_calls but "
-    "not in deadline_exceeded, which docs/health.md says overrunning_calls is a part of",
-)
 def test_health_overrunning_calls_are_part_of_deadline_exceeded(
     harness, cluster, clock, wait_until
 ):
@@ -344,11 +329,6 @@ class CancellingRunner(RecordingRunner):
         pass
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 8: a result that finished past its deadline counts when it reaches the "
-    "controller before the controller's next expiry pass",
-)
 def test_a_result_that_finished_past_its_deadline_never_counts() -> None:
     clock = FakeClock()
     options = Options(processing_timeout=30, retry_delay=1000)
@@ -414,11 +394,6 @@ def test_a_dead_letter_is_written_whatever_the_error_message(harness, cluster, w
 # -- finding 10 ---------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 10: a record whose calls keep timing out and are retried is found, at every "
-    "stall episode, in a call younger than the threshold: on_stall=DEAD_LETTER never acts",
-)
 def test_on_stall_dead_letter_acts_on_a_record_whose_calls_keep_timing_out(
     harness, cluster, clock, wait_until
 ):
@@ -516,11 +491,6 @@ def test_a_regex_subscription_matching_the_dead_letter_topic_is_refused(
 # -- finding 13 ---------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 13: on_stall=DEAD_LETTER dead-letters a record whose call never started "
-    "(queued in the thread runner's backlog behind a hung call), then runs it anyway",
-)
 def test_on_stall_dead_letter_leaves_a_record_waiting_for_a_worker_alone(
     harness, cluster, clock, wait_until
 ):
@@ -566,11 +536,6 @@ def test_on_stall_dead_letter_leaves_a_record_waiting_for_a_worker_alone(
 # -- finding 14 ---------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 14: with max_retries=0, close() cancelling an async call counts as the "
-    "record's last failure: a healthy record is dead-lettered at shutdown",
-)
 def test_close_does_not_dead_letter_the_calls_it_cancels(harness, cluster, wait_until):
     import asyncio
 

@@ -400,7 +400,9 @@ def test_finding_5_a_record_that_cannot_cross_to_the_worker_stalls_the_process_r
 
 
 @pytest.mark.xfail(
-    strict=True,
+    # Not strict: whether the tasks behind the blocking call take their first step before the
+    # check depends on thread timing, so the reproducer fails most runs but not all.
+    strict=False,
     reason="finding 6: with the loop blocked by one call, stop() gives up after timeout+2 s and "
     "close() returns; the tasks _fill created behind the blocking call then take their first "
     "step and run handler code after close() returned (nothing checks the stop gate when a "
