@@ -107,6 +107,11 @@ WARN_FROM_ATTEMPT = 3
 THREAD_HOP = 60e-6
 #: Most calls in one chunk.
 MAX_CHUNK = 64
+#: Adaptive dispatch is built but off: a call that hangs (a handler waiting forever on one
+#: record) holds the calls queued behind it in its chunk, which then never run, where without
+#: chunks it holds only its own worker. It comes back on once idle workers can take over the
+#: rest of a stuck chunk (docs/performance.md).
+ADAPTIVE_DISPATCH = False
 
 
 class PollerPort(Protocol):
@@ -237,9 +242,12 @@ class Controller:
         if outputs is not None and outputs.transactional:
             self._gate = TransactionGate()
         # Adaptive dispatch needs a runner that runs chunks; with deadlines every call goes
-        # alone (a deadline measures the call, not a wait behind other calls of a chunk).
-        self._chunks = self._timeout is None and callable(
-            getattr(self._runner, "submit_chunk", None)
+        # alone (a deadline measures the call, not a wait behind other calls of a chunk). It is
+        # off (ADAPTIVE_DISPATCH) until a hung call can no longer strand the rest of its chunk.
+        self._chunks = (
+            ADAPTIVE_DISPATCH
+            and self._timeout is None
+            and callable(getattr(self._runner, "submit_chunk", None))
         )
         self._runner.start(handler, self.post)
         self.lifecycle = Lifecycle.RUNNING

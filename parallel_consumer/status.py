@@ -118,8 +118,9 @@ class Statistics:
     overrunning_calls: int = 0
     #: Stall episodes of single partitions so far (Options.stall_threshold; see health()).
     partition_stalls: int = 0
-    #: Adaptive dispatch: how many calls the engine hands to one worker at a time right now (1
-    #: for calls that take longer than a thread hand-over, up to 64 for very short ones).
+    #: Adaptive dispatch: how many calls the engine hands to one worker at a time (1 for calls
+    #: longer than a thread hand-over, up to 64 for very short ones). Always 1 for now: the
+    #: feature is switched off (docs/performance.md).
     chunk_size: int = 1
 
 
