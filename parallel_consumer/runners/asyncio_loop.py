@@ -193,9 +193,12 @@ class AsyncioRunner:
             hooks.on_call_start(batch, context)
             if not self._open:  # stop() came while the hook ran: this call never starts
                 return
-            task = loop.create_task(_call(handler, context))
+            task = loop.create_task(_call(handler, context, self._is_open))
             self._running[batch] = task
             task.add_done_callback(functools.partial(self._finished, batch, context))
+
+    def _is_open(self) -> bool:
+        return self._open
 
     def _finished(self, batch: int, context: PollContext, task: asyncio.Task[_Result]) -> None:
         self._running.pop(batch, None)
@@ -205,7 +208,10 @@ class AsyncioRunner:
         if task.cancelled():
             error = reason if reason is not None else CallCancelled("handler call cancelled")
         else:
-            value, error = task.result()
+            try:
+                value, error = task.result()
+            except BaseException as exc:  # GeneratorExit, which _call lets through
+                value, error = None, exc
         self._hooks.on_call_end(batch, context, error)
         assert self._done is not None
         partial = error is None and context.has_failures
@@ -271,10 +277,13 @@ class AsyncioRunner:
         )
 
 
-async def _call(handler: Handler, context: PollContext) -> _Result:
+async def _call(handler: Handler, context: PollContext, is_open: Callable[[], bool]) -> _Result:
     """One handler call: (value, None) or (None, error). Only a cancellation of the call's own
     task propagates (the done callback reports it); everything else is the call's outcome, even
-    SystemExit or KeyboardInterrupt, which would otherwise stop the whole loop."""
+    SystemExit or KeyboardInterrupt, which would otherwise stop the whole loop. A task whose
+    first step comes after stop() (the loop was blocked meanwhile) never calls the handler."""
+    if not is_open():
+        return None, CallCancelled("the runner stopped before the call started")
     try:
         result = handler(context)
         if inspect.isawaitable(result):

@@ -268,12 +268,6 @@ def aio_runners() -> Iterator[list[AsyncioRunner]]:
         runner.stop(0.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 3: a handler raising GeneratorExit ends its task with that exception; "
-    "_finished calls task.result(), which re-raises it inside the done callback, so the call "
-    "never reports a WorkDone (its record stays in flight forever)",
-)
 def test_finding_3_a_handler_raising_generator_exit_still_reports_its_call(aio_runners):
     # Given an asyncio runner whose handler raises GeneratorExit for record 0
     async def handle(ctx: PollContext) -> int:
@@ -399,15 +393,6 @@ def test_finding_5_a_record_that_cannot_cross_to_the_worker_stalls_the_process_r
 # -- finding 6: handler calls start after close() returned (a loop blocked by a sync call) ------
 
 
-@pytest.mark.xfail(
-    # Not strict: whether the tasks behind the blocking call take their first step before the
-    # check depends on thread timing, so the reproducer fails most runs but not all.
-    strict=False,
-    reason="finding 6: with the loop blocked by one call, stop() gives up after timeout+2 s and "
-    "close() returns; the tasks _fill created behind the blocking call then take their first "
-    "step and run handler code after close() returned (nothing checks the stop gate when a "
-    "task first runs)",
-)
 def test_finding_6_no_handler_call_starts_after_close_returned_when_the_loop_was_blocked():
     # Given 5 calls started together; the first blocks the event loop with a sync call
     cluster = FakeCluster()
