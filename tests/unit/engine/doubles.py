@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from parallel_consumer import Options
@@ -64,3 +65,22 @@ def stepped_controller(clock: FakeClock, hooks: Any = None) -> Controller:
     controller.start(lambda ctx: None, thread=False)
     controller.post(PartitionsAssigned((Assignment(("t", 0), 1, None, None),)))
     return controller
+
+
+def blocked_partition(cluster: Any) -> tuple[Any, threading.Event, list[Any]]:
+    """t[0] holds offset 0 (key a, blocks until released) and offset 1 (key b, runs at once);
+    t[1] holds offset 0 (key c, runs at once). Returns the handler, its release event, and the
+    RecordContexts of its calls in order."""
+    cluster.create_topic("t", 2)
+    cluster.produce("t", b"block", key=b"a", partition=0)
+    cluster.produce("t", b"free", key=b"b", partition=0)
+    cluster.produce("t", b"free", key=b"c", partition=1)
+    release = threading.Event()
+    calls: list[Any] = []
+
+    def handle(ctx: Any) -> None:
+        calls.append(ctx.record)
+        if ctx.value == b"block" and ctx.attempts == 0:
+            release.wait(30)
+
+    return handle, release, calls

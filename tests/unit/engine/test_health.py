@@ -9,6 +9,7 @@ import logging
 import threading
 
 import pytest
+from doubles import blocked_partition
 
 from parallel_consumer import (
     Lifecycle,
@@ -17,7 +18,6 @@ from parallel_consumer import (
     PartitionStall,
     PartitionStalled,
     PollContext,
-    RecordContext,
 )
 from parallel_consumer.dead_letter import Reason, read_dead_letter
 
@@ -30,29 +30,11 @@ class StallHooks(NoHooks):
         self.stalls.append(stall)
 
 
-def _blocked_partition(cluster):
-    """t[0] holds offset 0 (key a, blocks until released) and offset 1 (key b, runs at once);
-    t[1] holds offset 0 (key c, runs at once)."""
-    cluster.create_topic("t", 2)
-    cluster.produce("t", b"block", key=b"a", partition=0)
-    cluster.produce("t", b"free", key=b"b", partition=0)
-    cluster.produce("t", b"free", key=b"c", partition=1)
-    release = threading.Event()
-    calls: list[RecordContext] = []
-
-    def handle(ctx: PollContext) -> None:
-        calls.append(ctx.record)
-        if ctx.value == b"block" and ctx.attempts == 0:
-            release.wait(30)
-
-    return handle, release, calls
-
-
 def test_health_reports_a_blocked_partition_stalled_exactly_at_the_threshold(
     harness, cluster, clock, wait_until, caplog
 ):
     # Given t[0]'s first record blocks, everything else finishes, stall_threshold=60
-    handle, release, calls = _blocked_partition(cluster)
+    handle, release, calls = blocked_partition(cluster)
     hooks = StallHooks()
     pc = harness.make(Options(stall_threshold=60, commit_interval=1000), clock=clock, hooks=hooks)
     pc.poll(handle)
@@ -128,7 +110,7 @@ def test_a_new_episode_is_reported_again(harness, cluster, clock, wait_until):
 
 
 def test_on_stall_stop_stops_the_consumer_with_the_reason(harness, cluster, clock, wait_until):
-    handle, release, calls = _blocked_partition(cluster)
+    handle, release, calls = blocked_partition(cluster)
     pc = harness.make(
         Options(stall_threshold=30, on_stall="stop", commit_interval=1000), clock=clock
     )
@@ -156,7 +138,7 @@ def test_on_stall_dead_letter_dead_letters_the_record_holding_the_partition(
     harness, cluster, clock, wait_until
 ):
     # Given t[0]'s first record blocks in its handler call, on_stall=DEAD_LETTER
-    handle, release, calls = _blocked_partition(cluster)
+    handle, release, calls = blocked_partition(cluster)
     hooks = StallHooks()
     pc = harness.make(
         Options(
@@ -223,7 +205,7 @@ def test_a_paused_consumer_does_not_stall(harness, cluster, clock, wait_until):
 
 
 def test_stall_detection_off(harness, cluster, clock, wait_until):
-    handle, release, calls = _blocked_partition(cluster)
+    handle, release, calls = blocked_partition(cluster)
     hooks = StallHooks()
     pc = harness.make(Options(stall_threshold=None), clock=clock, hooks=hooks)
     pc.poll(handle)

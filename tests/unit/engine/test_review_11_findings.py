@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from doubles import IdleRunner, StuckPoller
+from doubles import IdleRunner, StuckPoller, blocked_partition
 
 from parallel_consumer import DeadLetter, NoHooks, Options, PollContext, RecordContext, Retry
 from parallel_consumer._controller import Controller
@@ -129,29 +129,13 @@ class _StallHooks(NoHooks):
         self.skipped.append((record, reason))
 
 
-def _blocked_partition(cluster: FakeCluster) -> tuple[Any, threading.Event, list[Any]]:
-    cluster.create_topic("t", 2)
-    cluster.produce("t", b"block", key=b"a", partition=0)
-    cluster.produce("t", b"free", key=b"b", partition=0)
-    cluster.produce("t", b"free", key=b"c", partition=1)
-    release = threading.Event()
-    calls: list[Any] = []
-
-    def handle(ctx: PollContext) -> None:
-        calls.append(ctx.record)
-        if ctx.value == b"block" and ctx.attempts == 0:
-            release.wait(30)
-
-    return handle, release, calls
-
-
 @pytest.mark.parametrize("policy", ["skip", "dead_letter"])
 def test_on_stall_dead_letter_writes_a_stalled_letter_whatever_max_retries(
     harness, cluster, clock, wait_until, policy
 ):
     # Given t[0]'s first record hangs in its handler call, on_stall=DEAD_LETTER, and
     # max_retries=0 (on_retries_exhausted=SKIP or the default DEAD_LETTER)
-    handle, release, calls = _blocked_partition(cluster)
+    handle, release, calls = blocked_partition(cluster)
     hooks = _StallHooks()
     pc = harness.make(
         Options(
@@ -297,7 +281,7 @@ def test_process_runner_dead_letter_headers_name_the_cause(harness, cluster, wai
 def test_health_overrunning_calls_are_part_of_deadline_exceeded(
     harness, cluster, clock, wait_until
 ):
-    handle, release, calls = _blocked_partition(cluster)
+    handle, release, calls = blocked_partition(cluster)
     pc = harness.make(
         Options(
             stall_threshold=30,
