@@ -12,9 +12,16 @@ prefetched records (pausing would drop them and cost a fetch round trip on resum
 longer than ``STALL_PAUSE_AFTER`` pauses every partition so that ``consume()`` serves the group
 protocol.
 
-Commits carry the assignment epoch they were planned in. One that reaches the poller after its
-partition was revoked (or revoked and assigned again) never reaches the client: a commit queued
-before a revoke must not land after the revoke's final commit and move the group's offset back.
+Commits carry the assignment epoch they were planned in. One whose partition was revoked (or
+revoked and assigned again) before it is sent never reaches the client: a commit queued before a
+revoke must not land after the revoke's final commit and move the group's offset back.
+
+One commit request at a time: the client retries a request whose coordinator moved or restarted,
+and a retried older request can be stored after a newer one, moving the group's offset back
+while the engine holds the newer one as acknowledged. So commits that arrive while a request is
+unanswered wait, and go out as one request (the newest offset of each partition) once it is
+answered. The only exception is the revoke's final commit, inside the revoke callback, where the
+client cannot serve an answer: it is sent at once (docs/commits.md).
 """
 
 from __future__ import annotations
@@ -24,9 +31,8 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException
@@ -74,9 +80,11 @@ REVOKE_TIMEOUT = 10.0
 #: How long one committed() request (on assignment) may take before the attempt counts as failed.
 #: Commits have no timeout of ours: the client's own request timeouts apply.
 REQUEST_TIMEOUT = 10.0
-#: Asynchronous commits still waiting for the client's callback beyond this many are answered
-#: as lost (the controller sends them again).
-MAX_UNANSWERED_COMMITS = 64
+#: An asynchronous commit the client has not answered after this long counts as lost (failed:
+#: the controller sends its offsets again), and the commits waiting behind it go out. The client
+#: answers every request (within its own time-outs and retries); this only bounds a wait for an
+#: answer that can no longer be matched to its request.
+COMMIT_ANSWER_TIMEOUT = 15.0
 
 _MAP_TOO_LARGE = (
     "the offset map is larger than the broker's offset.metadata.max.bytes; set "
@@ -132,8 +140,10 @@ class Poller:
         self._delivered_to: dict[TopicPartition, int] = {}
         #: Since when the poller has been waiting for credit (None while it has enough).
         self._stalled_since: float | None = None
-        #: Asynchronous commits sent and not yet answered by the client's callback, in order.
-        self._unanswered: deque[_Unanswered] = deque()
+        #: The asynchronous commit request sent and not yet answered by the client's callback.
+        self._unanswered: _Unanswered | None = None
+        #: Commits that arrived while it was unanswered, in arrival order (see the module doc).
+        self._queued: list[Commit] = []
         self._last_poll: float | None = None
         #: Records the client delivered beyond the credit (see _hand_over), in order.
         self._overflow: deque[Any] = deque()
@@ -146,7 +156,15 @@ class Poller:
         #: rewind goes when nothing was committed yet).
         self._first_seen: dict[TopicPartition, int] = {}
         #: The latest snapshot for other threads: replaced whole, never changed in place.
-        self._published: tuple[int, int, int, float | None, float | None] = (0, 0, 0, None, None)
+        self._published: tuple[int, int, int, float | None, float | None, float | None, int] = (
+            0,
+            0,
+            0,
+            None,
+            None,
+            None,
+            0,
+        )
 
     # -- called from other threads ------------------------------------------------------------
 
@@ -185,7 +203,7 @@ class Poller:
 
     def statistics(self) -> PollerStatistics:
         """A snapshot of the poller's side (any thread): what it published last."""
-        held, assigned, paused, last_poll, stalled_since = self._published
+        held, assigned, paused, last_poll, stalled_since, commit_sent, queued = self._published
         now = time.monotonic()
         limit = self._credit.limit
         return PollerStatistics(
@@ -196,6 +214,8 @@ class Poller:
             paused_partitions=paused,
             since_last_poll=None if last_poll is None else now - last_poll,
             waiting_for_credit=None if stalled_since is None else now - stalled_since,
+            commit_unanswered_for=None if commit_sent is None else now - commit_sent,
+            commits_queued=queued,
         )
 
     # -- the poller thread --------------------------------------------------------------------
@@ -215,6 +235,8 @@ class Poller:
             len(self._paused),
             self._last_poll,
             self._stalled_since,
+            None if self._unanswered is None else self._unanswered.sent_at,
+            len(self._queued),
         )
 
     def _run(self) -> None:
@@ -229,6 +251,7 @@ class Poller:
             )
             while not self._stopping:
                 self._run_commands()
+                self._send_queued()
                 if self._overflow:
                     self._release_overflow()
                 self._publish()
@@ -250,7 +273,7 @@ class Poller:
             self._post(PollerFailed(exc))
         finally:
             self._stopping = True
-            self._answer_unanswered("the consumer closed before the broker answered")
+            self._answer_unanswered("the consumer closed before the commit was answered")
             self._publish()
             try:
                 consumer.close()
@@ -408,7 +431,7 @@ class Poller:
     # -- commits ------------------------------------------------------------------------------
 
     def _live(
-        self, offsets: Sequence[OffsetCommit]
+        self, offsets: Iterable[OffsetCommit]
     ) -> tuple[list[OffsetCommit], list[CommitAnswer]]:
         """The offsets of partitions held in the epoch they were planned in, and answers for
         the others (never sent: a commit of an earlier epoch must not reach the client)."""
@@ -422,22 +445,61 @@ class Poller:
         return live, dropped
 
     def _commit(self, command: Commit) -> None:
-        live, dropped = self._live(command.offsets)
-        if not live:
-            command.reply.set_result(tuple(dropped))
+        if self._unanswered is not None and not (command.sync and self._revoking):
+            live, dropped = self._live(command.offsets)
+            if live:
+                self._queued.append(command)
+            else:
+                command.reply.set_result(tuple(dropped))
             return
-        request = [_request(c) for c in live]
-        if command.sync:
-            command.reply.set_result((*dropped, *self._commit_sync(live, request)))
+        queued, self._queued = self._queued, []
+        self._send((*queued, command))
+
+    def _send_queued(self) -> None:
+        """Send the commits that waited, once the request before them is answered (or counts
+        as lost)."""
+        pending = self._unanswered
+        if pending is not None:
+            if time.monotonic() - pending.sent_at < COMMIT_ANSWER_TIMEOUT:
+                return
+            log.warning(
+                "no answer to the commit of %s after %.0fs; sending what waited behind it",
+                ", ".join(f"{t}[{p}]@{c.offset}" for (t, p), c in pending.sent.items()),
+                COMMIT_ANSWER_TIMEOUT,
+            )
+            self._unanswered = None
+            pending.resolve({}, "the client did not answer the commit")
+        if self._queued:
+            queued, self._queued = self._queued, []
+            self._send(queued)
+
+    def _send(self, commands: Sequence[Commit]) -> None:
+        """One request with the newest offset of each partition in ``commands`` (in the order
+        the controller sent them), synchronous if any of them is. Every command is answered:
+        an offset another one superseded shares the answer of the offset sent for its
+        partition."""
+        newest: dict[TopicPartition, OffsetCommit] = {}
+        for command in commands:
+            for commit in command.offsets:
+                newest[commit.tp] = commit
+        live, dropped = self._live(newest.values())
+        request = _Unanswered(
+            tuple(commands), {c.tp: c for c in live}, {a.commit.tp: a for a in dropped}
+        )
+        if not live:
+            request.resolve({})
+            return
+        offsets = [_request(c) for c in live]
+        if any(c.sync for c in commands):
+            request.answer(self._commit_sync(live, offsets))
             return
         try:
-            self._consumer.commit(offsets=request, asynchronous=True)
+            self._consumer.commit(offsets=offsets, asynchronous=True)
         except KafkaException as exc:
-            command.reply.set_result((*dropped, *_failed(live, exc)))
+            request.answer(_failed(live, exc))
             return
-        self._unanswered.append(_Unanswered(tuple(live), tuple(dropped), command.reply))
-        if len(self._unanswered) > MAX_UNANSWERED_COMMITS:
-            self._unanswered.popleft().resolve({}, "no answer from the client")
+        assert self._unanswered is None, "only a synchronous commit may overtake one unanswered"
+        self._unanswered = request
 
     def _commit_sync(
         self, commits: list[OffsetCommit], request: list[Any]
@@ -533,21 +595,24 @@ class Poller:
     def _on_commit(self, error: Any, partitions: list[Any]) -> None:
         """The client's ``on_commit`` callback (served inside ``consume()`` on this thread).
 
-        It does not say which request it answers: take the oldest unanswered one with the same
-        partitions and offsets (the client answers in order; a lost answer is skipped over).
+        It does not say which request it answers: it answers the unanswered one if it has the
+        same partitions and offsets. Anything else is the echo of a synchronous commit (already
+        answered) or the late answer of a request given up on.
         """
+        pending = self._unanswered
         answered = {(p.topic, p.partition): p.offset for p in partitions}
-        for index, pending in enumerate(self._unanswered):
-            if {c.tp: c.offset for c in pending.commits} == answered:
-                del self._unanswered[index]
-                break
-        else:
-            return  # the echo of a synchronous commit, already answered
+        if pending is None or {tp: c.offset for tp, c in pending.sent.items()} != answered:
+            return
+        self._unanswered = None
         pending.resolve({(p.topic, p.partition): p.error or error for p in partitions})
 
     def _answer_unanswered(self, reason: str) -> None:
-        while self._unanswered:
-            self._unanswered.popleft().resolve({}, reason)
+        pending, self._unanswered = self._unanswered, None
+        if pending is not None:
+            pending.resolve({}, reason)
+        queued, self._queued = self._queued, []
+        for command in queued:
+            _Unanswered((command,), {c.tp: c for c in command.offsets}, {}).resolve({}, reason)
 
     # -- rebalance callbacks (inside consume(), on this thread) --------------------------------
 
@@ -684,25 +749,45 @@ class Poller:
         )
 
 
-@dataclass(frozen=True, slots=True)
 class _Unanswered:
-    """An asynchronous commit waiting for the client's callback."""
+    """One commit request and the commands it answers."""
 
-    commits: tuple[OffsetCommit, ...]
-    #: Answers already known: offsets of partitions no longer held, never sent.
-    dropped: tuple[CommitAnswer, ...]
-    reply: Future[tuple[CommitAnswer, ...]]
+    __slots__ = ("commands", "dropped", "sent", "sent_at")
+
+    def __init__(
+        self,
+        commands: tuple[Commit, ...],
+        sent: dict[TopicPartition, OffsetCommit],
+        dropped: dict[TopicPartition, CommitAnswer],
+    ) -> None:
+        self.commands = commands
+        #: The offset sent per partition; answers of partitions never sent (no longer held).
+        self.sent = sent
+        self.dropped = dropped
+        self.sent_at = time.monotonic()
 
     def resolve(self, errors: dict[TopicPartition, Any], missing: str | None = None) -> None:
         """Answer with ``errors`` per partition; partitions absent from it failed with
         ``missing`` if given, else succeeded."""
         answers = []
-        for commit in self.commits:
-            if commit.tp in errors:
-                answers.append(_answer(commit, errors[commit.tp]))
+        for tp, commit in self.sent.items():
+            if tp in errors:
+                answers.append(_answer(commit, errors[tp]))
             else:
                 answers.append(CommitAnswer(commit, missing))
-        self.reply.set_result((*self.dropped, *answers))
+        self.answer(answers)
+
+    def answer(self, answers: Iterable[CommitAnswer]) -> None:
+        """Reply to every command: an offset gets the answer of its partition's request."""
+        by_tp = {**self.dropped, **{a.commit.tp: a for a in answers}}
+        for command in self.commands:
+            out = []
+            for commit in command.offsets:
+                found = by_tp[commit.tp]
+                if found.commit != commit:
+                    found = CommitAnswer(commit, found.error, found.permanent)
+                out.append(found)
+            command.reply.set_result(tuple(out))
 
 
 def _request(commit: OffsetCommit) -> Any:

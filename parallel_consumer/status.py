@@ -52,6 +52,11 @@ class PollerStatistics:
     since_last_poll: float | None
     #: Seconds the poller has been waiting for credit (None while it has enough).
     waiting_for_credit: float | None
+    #: Seconds the commit request on its way has waited for the broker's answer (None when
+    #: none is on its way). One request at a time: commits sent meanwhile wait behind it.
+    commit_unanswered_for: float | None = None
+    #: Commits waiting for that answer before they go out (as one request).
+    commits_queued: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -151,6 +151,8 @@ class FakeConsumer:
         self._fail_commits = 0
         self._fail_code = KafkaError.REQUEST_TIMED_OUT
         self._lose_answers = 0
+        #: Asynchronous commits received while holding, not yet stored (see hold_commits).
+        self._held: list[list[TopicPartition]] | None = None
         self._first_assignment_done = False
         self._closed = False
         self._to_lose: list[list[TP]] = []
@@ -175,6 +177,28 @@ class FakeConsumer:
         """Store the next ``count`` asynchronous commits but never call ``on_commit`` for them."""
         with self._cond:
             self._lose_answers += count
+
+    def hold_commits(self) -> None:
+        """Keep asynchronous commits on their way (neither stored nor answered) until
+        :meth:`release_commits`: a coordinator that is moving or restarting."""
+        with self._cond:
+            if self._held is None:
+                self._held = []
+
+    def held_commits(self) -> int:
+        with self._cond:
+            return len(self._held or ())
+
+    def release_commits(self, *, reverse: bool = False) -> None:
+        """Store the held commits and answer them, in the order they were sent or, with
+        ``reverse``, newest first (a retried request stored after a newer one); commits from
+        now on are stored at once again."""
+        with self._cond:
+            held, self._held = self._held or [], None
+            for requested in reversed(held) if reverse else held:
+                self._store(requested)
+                self._pending_commit_callbacks.append((None, requested))
+            self._cond.notify_all()
 
     def fail_next_commits(self, count: int, code: int = KafkaError.REQUEST_TIMED_OUT) -> None:
         """Make the next ``count`` commit requests fail with the broker error ``code`` (a
@@ -230,11 +254,10 @@ class FakeConsumer:
                 self._pending_commit_callbacks.append((error, requested))
                 self._cond.notify_all()
                 return None
-            for tp in requested:
-                self._cluster._commits[(self._group, (tp.topic, tp.partition))] = (
-                    tp.offset,
-                    tp.metadata,
-                )
+            if asynchronous and self._held is not None:
+                self._held.append(requested)
+                return None
+            self._store(requested)
             if asynchronous:
                 if self._lose_answers:
                     self._lose_answers -= 1
@@ -243,6 +266,13 @@ class FakeConsumer:
                 self._cond.notify_all()
                 return None
             return requested
+
+    def _store(self, requested: list[TopicPartition]) -> None:
+        for tp in requested:
+            self._cluster._commits[(self._group, (tp.topic, tp.partition))] = (
+                tp.offset,
+                tp.metadata,
+            )
 
     def committed(self, partitions: list[TopicPartition], timeout: float = -1) -> list[Any]:
         with self._cond:
@@ -297,6 +327,10 @@ class FakeConsumer:
         if revoked:
             self._call("revoke", revoked)
         with self._cond:
+            # (the client finishes commits on their way before it closes)
+            for requested in self._held or ():
+                self._store(requested)
+            self._held = None
             self._assigned.clear()
             self._closed = True
 

@@ -52,6 +52,8 @@ class CommitAnswer:
 class _Pending:
     version: int
     sent_at: float
+    #: Times this same commit was sent (again when overdue) and not yet answered.
+    sends: int = 1
 
 
 class CommitTracker:
@@ -146,7 +148,10 @@ class CommitTracker:
     def sent(self, state: PartitionState, commit: OffsetCommit, now: float) -> None:
         # Only the newest commit of a partition is awaited: it covers every older one, whose
         # answer may never come (a lost callback would otherwise keep a close waiting).
-        self._pending[state.tp] = {_key(commit): _Pending(state.version, now)}
+        key = _key(commit)
+        pending = self._pending.get(state.tp, {}).get(key)
+        sends = 1 if pending is None else pending.sends + 1
+        self._pending[state.tp] = {key: _Pending(state.version, now, sends)}
 
     # -- answers and progress -----------------------------------------------------------------
 
@@ -156,11 +161,17 @@ class CommitTracker:
         commit = answer.commit
         if commit.epoch != state.epoch:
             return False
-        pending = self._pending.get(state.tp, {}).pop(_key(commit), None)
+        waiting = self._pending.get(state.tp, {})
+        pending = waiting.get(_key(commit))
         if pending is None:
             return False
         if answer.error is None:
             state.acknowledged(commit.offset, pending.version)
+        elif pending.sends > 1:
+            # The same commit was sent again: that request's answer may still succeed.
+            pending.sends -= 1
+            return True
+        del waiting[_key(commit)]
         return True
 
     def after_success(self, state: PartitionState) -> None:

@@ -103,9 +103,5 @@ def test_broker_restart_mid_run_loses_nothing_and_commits_the_end(
     ends = end_offsets(bootstrap, name, [0, 1])
     assert ends == {0: PER_PARTITION, 1: PER_PARTITION}
     stored = committed(config, name, [0, 1])
-    if stored != {0: (PER_PARTITION, ""), 1: (PER_PARTITION, "")}:
-        # Known bug (docs/commits.md#known-issue-an-older-commit-after-a-broker-restart), seen
-        # in 1 of 4 clean-clone runs: the engine had the commit of 1000 acknowledged, yet the
-        # group holds an older offset (585) afterwards. Nothing is lost (older means records
-        # run again), but it is wrong; until it is fixed this symptom, and only it, is an xfail.
-        pytest.xfail(f"known bug: the group holds {stored} after an acknowledged commit of 1000")
+    # (the group's offset never moves back behind an acknowledged one: docs/commits.md)
+    assert stored == {0: (PER_PARTITION, ""), 1: (PER_PARTITION, "")}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from parallel_consumer import CommitMode, InternalError, InvalidMetadataPolicy, Options, PollContext
+from parallel_consumer import _poller as poller_module
 from parallel_consumer.offsets import decode_offset_map, encode_offset_map
 
 
@@ -154,7 +155,12 @@ def test_compaction_gaps_in_restored_map_are_forgotten(harness, cluster, wait_un
     assert cluster.committed("g", "t", 0) == (8, None)
 
 
-def test_a_commit_whose_answer_never_comes_is_sent_again(harness, cluster, clock, wait_until):
+def test_a_commit_whose_answer_never_comes_is_sent_again(
+    harness, cluster, clock, wait_until, monkeypatch
+):
+    # (the poller gives up on the answer after COMMIT_ANSWER_TIMEOUT of real time; the
+    # controller's own time-out runs on the fake clock)
+    monkeypatch.setattr(poller_module, "COMMIT_ANSWER_TIMEOUT", 0.5)
     cluster.create_topic("t")
     cluster.produce("t", b"x")
     pc = harness.make(Options(commit_interval=1), clock=clock)
@@ -210,3 +216,97 @@ def test_a_partition_whose_offset_map_nears_the_limit_runs_only_its_holes(
     assert pc.statistics().blocked_partitions == 0
     pc.close()
     assert cluster.committed("g", "t", 0) == (60, None)
+
+
+# -- one commit request at a time (a retried older request must not overwrite a newer one) ----
+
+
+def test_a_newer_commit_waits_for_the_answer_to_the_older_one(harness, cluster, wait_until):
+    # Given a commit on its way that the client has not answered (its coordinator is moving)
+    cluster.create_topic("t", 1)
+    for i in range(10):
+        cluster.produce("t", b"%d" % i, partition=0)
+    release = threading.Event()
+
+    def handle(ctx: PollContext) -> None:
+        if ctx.offset == 5:
+            release.wait(10)
+
+    pc = harness.make(Options(ordering="partition", commit_interval=0.05))
+    consumer = harness.consumers[0]
+    consumer.hold_commits()
+    pc.poll(handle)
+    wait_until(lambda: consumer.held_commits() == 1, what="a commit on its way")
+    release.set()
+    wait_until(lambda: pc.statistics().records_succeeded == 10)
+    # and a newer commit due meanwhile
+    wait_until(
+        lambda: consumer.held_commits() >= 2 or pc.statistics().poller.commits_queued >= 1,
+        what="a newer commit sent or queued",
+    )
+    # When the client stores the requests on its way newest first (the older one retried)
+    consumer.release_commits(reverse=True)
+    # Then the engine's acknowledged offset is the group's offset
+    wait_until(
+        lambda: (p := pc.statistics().partitions[0]).committed_offset == 10 and not p.dirty,
+        what="offset 10 acknowledged",
+    )
+    assert cluster.committed("g", "t", 0) == (10, None)
+    pc.close()
+    assert cluster.committed("g", "t", 0) == (10, None)
+    assert pc.statistics().poller.commits_queued == 0
+
+
+def test_the_final_commit_at_close_goes_out_after_the_commit_on_its_way(
+    harness, cluster, wait_until
+):
+    # Given a periodic commit of offset 5 on its way, unanswered
+    cluster.create_topic("t", 1)
+    for i in range(10):
+        cluster.produce("t", b"%d" % i, partition=0)
+    release = threading.Event()
+
+    def handle(ctx: PollContext) -> None:
+        if ctx.offset == 5:
+            release.wait(10)
+
+    pc = harness.make(Options(ordering="partition", commit_interval=0.05))
+    consumer = harness.consumers[0]
+    consumer.hold_commits()
+    pc.poll(handle)
+    wait_until(lambda: consumer.held_commits() == 1, what="a commit on its way")
+    release.set()
+    wait_until(lambda: pc.statistics().records_succeeded == 10)
+    # When the consumer closes (its final commit, of 10, is synchronous)
+    closer = threading.Thread(target=pc.close)
+    closer.start()
+    wait_until(
+        lambda: pc.statistics().poller.commits_queued >= 1 or len(consumer.commit_log) >= 2,
+        what="the final commit sent or queued",
+    )
+    # and the commit on its way is answered only then
+    consumer.release_commits()
+    closer.join(10)
+    assert not closer.is_alive()
+    # Then the final commit was stored last: the group's offset is 10, not 5
+    assert cluster.committed("g", "t", 0) == (10, None)
+    assert pc.failure is None
+
+
+def test_a_commit_the_client_never_answers_does_not_hold_back_the_next(
+    harness, cluster, wait_until, monkeypatch
+):
+    monkeypatch.setattr(poller_module, "COMMIT_ANSWER_TIMEOUT", 0.2)
+    cluster.create_topic("t", 1)
+    cluster.produce("t", b"a", partition=0)
+    pc = harness.make(Options(commit_interval=0.05))
+    consumer = harness.consumers[0]
+    consumer.lose_next_commit_answers(1)
+    seen: list[int] = []
+    pc.poll(lambda ctx: seen.append(ctx.offset))
+    wait_until(lambda: seen == [0])
+    # the lost one counts as failed after the answer timeout and its offsets go out again
+    wait_until(lambda: pc.statistics().commits_acknowledged >= 1, what="an acknowledged commit")
+    assert len(consumer.commit_log) >= 2
+    pc.close()
+    assert cluster.committed("g", "t", 0) == (1, None)

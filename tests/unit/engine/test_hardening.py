@@ -18,6 +18,7 @@ from confluent_kafka import KafkaError, Message
 from doubles import stepped_controller
 
 from parallel_consumer import InternalError, NoHooks, Options, PollContext, Retry
+from parallel_consumer import _poller as poller_module
 from parallel_consumer._events import (
     Commit,
     PartitionsRevoked,
@@ -450,7 +451,9 @@ def test_a_hook_raising_system_exit_does_not_strand_records(harness, cluster, wa
     assert cluster.committed("g", "t", 0) == (20, None)
 
 
-def test_a_lost_commit_answer_does_not_hold_up_close(harness, cluster, wait_until):
+def test_a_lost_commit_answer_does_not_hold_up_close(harness, cluster, wait_until, monkeypatch):
+    # (commits wait behind an unanswered one until the poller gives up on its answer)
+    monkeypatch.setattr(poller_module, "COMMIT_ANSWER_TIMEOUT", 0.5)
     # Given periodic commits whose answers the client never delivers: one at 5 while record 5
     # runs, then one at 10
     cluster.create_topic("t", 1)
