@@ -60,6 +60,29 @@ def _role(name: str) -> str:
     return "other"
 
 
+def _telemetry() -> tuple[Any, Any]:
+    """Metrics as pc-bench's ``pc-otel`` runs them: the SDK, a periodic reader every 1 s."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import (
+        ConsoleMetricExporter,
+        PeriodicExportingMetricReader,
+    )
+
+    from parallel_consumer.telemetry import Telemetry
+
+    sink = open(os.devnull, "w")  # noqa: SIM115 - closed by shutdown below
+    reader = PeriodicExportingMetricReader(
+        ConsoleMetricExporter(out=sink), export_interval_millis=1000
+    )
+    provider = MeterProvider(metric_readers=[reader])
+
+    def shutdown() -> None:
+        provider.shutdown()
+        sink.close()
+
+    return Telemetry(meter_provider=provider), shutdown
+
+
 def run_once(args: argparse.Namespace, profile: str | None) -> dict[str, Any]:
     cluster = _fill(args.records, args.partitions, args.keys)
     done = threading.Event()
@@ -79,10 +102,12 @@ def run_once(args: argparse.Namespace, profile: str | None) -> dict[str, Any]:
         batch_size=args.batch_size,
         max_buffered_records=max(10_000, 4 * args.concurrency * args.batch_size),
     )
+    telemetry, shutdown = _telemetry() if args.otel else (None, None)
     pc = ParallelConsumer(
         {"bootstrap.servers": "fake:9092", "group.id": "hotpath"},
         options,
         consumer_factory=cluster.consumer,
+        telemetry=telemetry,
     )
     profiler = cProfile.Profile() if profile else None
     if profiler is not None:
@@ -110,6 +135,8 @@ def run_once(args: argparse.Namespace, profile: str | None) -> dict[str, Any]:
     after = _thread_cpu()
     names = {t.native_id: t.name for t in threading.enumerate()}
     pc.close()
+    if shutdown is not None:
+        shutdown()
     if profiler is not None:
         threading.Thread.run = original  # type: ignore[method-assign]
     cpu: dict[str, float] = defaultdict(float)
@@ -136,6 +163,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--otel", action="store_true", help="metrics on (SDK, 1 s reader)")
     parser.add_argument("--profile", default=None, help="cProfile the thread whose name has this")
     args = parser.parse_args()
     runs = [run_once(args, args.profile if i == 0 else None) for i in range(args.repeat)]

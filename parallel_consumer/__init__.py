@@ -32,7 +32,13 @@ from parallel_consumer.options import (
 )
 from parallel_consumer.produce import ProduceResult, ProducerRecord
 from parallel_consumer.retry import exponential_backoff
-from parallel_consumer.status import Lifecycle, PartitionSnapshot, PollerStatistics, Statistics
+from parallel_consumer.status import (
+    Lifecycle,
+    PartitionSnapshot,
+    PartitionTotals,
+    PollerStatistics,
+    Statistics,
+)
 
 __all__ = [
     "CommitMode",
@@ -53,6 +59,7 @@ __all__ = [
     "PartitionSnapshot",
     "PartitionStall",
     "PartitionStalled",
+    "PartitionTotals",
     "PollContext",
     "PollerStatistics",
     "ProcessingOrder",

@@ -64,7 +64,7 @@ from parallel_consumer.health import (
     partition_health,
     stalled_error,
 )
-from parallel_consumer.hooks import Hooks, NoHooks, StallReport
+from parallel_consumer.hooks import CallSampling, Hooks, NoHooks, StallReport, active_hooks
 from parallel_consumer.options import (
     InvalidMetadataPolicy,
     Options,
@@ -91,7 +91,7 @@ from parallel_consumer.work.outcomes import (
     decide,
 )
 from parallel_consumer.work.outputs import Pending, PendingOutputs, TransactionGate
-from parallel_consumer.work.partitions import PartitionState, restored_state
+from parallel_consumer.work.partitions import PartitionState, RecordTotals, restored_state
 from parallel_consumer.work.progress import ProgressWatch, Stall
 from parallel_consumer.work.shards import ShardMap
 from parallel_consumer.work.stall import StallWatch
@@ -137,6 +137,7 @@ class Controller:
         clock: Clock,
         hooks: Hooks | None = None,
         name: str | None = None,
+        sampling: CallSampling | None = None,
     ) -> None:
         self._options = options
         self._runner = runner
@@ -144,8 +145,17 @@ class Controller:
         self._committer = committer
         self._clock = clock
         self._hooks = hooks or NoHooks()
-        #: False for NoHooks: per-call and per-record hook calls are skipped on the hot path.
-        self._has_hooks = type(self._hooks) is not NoHooks
+        # The per-call and per-record hooks, None unless implemented: skipped on the hot path.
+        active = active_hooks(self._hooks)
+        self._on_dispatch = self._hooks.on_dispatch if "on_dispatch" in active else None
+        self._on_work_done = self._hooks.on_work_done if "on_work_done" in active else None
+        self._on_success = self._hooks.on_success if "on_success" in active else None
+        #: Metrics' sample of calls (see CallSampling), and when the next periodic one is due.
+        self._sampling = sampling
+        self._next_sample = 0.0
+        #: Per partition since the start, across assignments: records processed, attempts
+        #: failed (Statistics.partition_totals; metrics read them instead of a hook per call).
+        self._totals: dict[TopicPartition, RecordTotals] = {}
         #: Mean time per call (exponentially weighted) as the runner measured it.
         self._service: float | None = None
         #: Calls per hand-over to the runner: 1, or more for calls much shorter than a thread
@@ -473,7 +483,7 @@ class Controller:
         fail = self._options.invalid_metadata_policy is InvalidMetadataPolicy.FAIL
         for a in event.assignments:
             self._forget(a.tp)
-            self._partitions[a.tp] = restored_state(
+            state = self._partitions[a.tp] = restored_state(
                 a.tp,
                 a.epoch,
                 a.committed_offset,
@@ -481,6 +491,7 @@ class Controller:
                 fail_on_invalid=fail,
                 exact=a.exact_metadata,
             )
+            state.totals = self._totals.setdefault(a.tp, state.totals)
         self._hooks.on_rebalance("assigned", [a.tp for a in event.assignments])
 
     def _on_revoked(self, event: PartitionsRevoked) -> None:
@@ -547,7 +558,7 @@ class Controller:
         capacity = self._call_limit() * chunk
         batch_size = self._options.batch_size
         submit = self._runner.submit
-        on_dispatch = self._hooks.on_dispatch if self._has_hooks else None
+        on_dispatch = self._on_dispatch
         timeout = self._timeout
         calls: list[tuple[int, PollContext]] = []
         while len(in_flight) < capacity:
@@ -662,8 +673,11 @@ class Controller:
         batch = self._in_flight.pop(batch_id)
         if batch is None:
             return  # taken back from the runner on close
-        if self._has_hooks:
-            self._hooks.on_work_done(batch.id, errors, finished_at - batch.started_at)
+        if self._on_work_done is not None:
+            self._on_work_done(batch.id, errors, finished_at - batch.started_at)
+        sampling = self._sampling
+        if sampling is not None:
+            self._sample(sampling, batch, errors, finished_at)
         if self._produces and (partial or not any(errors)):
             # Outputs belong to the call: a record it failed with PollContext.fail is retried
             # (or dead-lettered) on its own, once the call's outputs are acknowledged.
@@ -681,6 +695,26 @@ class Controller:
                     return
         self._settle(batch, errors, finished_at)
 
+    def _sample(
+        self,
+        sampling: CallSampling,
+        batch: Batch,
+        errors: Sequence[BaseException | None],
+        finished_at: float,
+    ) -> None:
+        """Hand the call to metrics if a periodic sample is due or it was slow: one comparison
+        per call otherwise."""
+        duration = finished_at - batch.started_at
+        periodic = finished_at >= self._next_sample
+        if not periodic and duration <= sampling.slow_after:
+            return
+        if periodic and sampling.interval is not None:
+            self._next_sample = finished_at + sampling.interval
+        try:
+            sampling.sample([i.message for i in batch.items], errors, duration, periodic)
+        except Exception:
+            log.warning("metrics failed to take a sample of a call", exc_info=True)
+
     def _settle(
         self, batch: Batch, errors: Sequence[BaseException | None], finished_at: float
     ) -> None:
@@ -692,7 +726,7 @@ class Controller:
         partitions = self._partitions
         counters = self._counters
         finish = self._finish
-        on_success = self._hooks.on_success if self._has_hooks else None
+        on_success = self._on_success
         succeeded = 0
         for item, error in zip(batch.items, errors, strict=True):
             state = partitions.get(item.tp)
@@ -703,6 +737,7 @@ class Controller:
                 continue
             if error is None:
                 succeeded += 1
+                state.totals.succeeded += 1
                 finish(item, state)
                 if on_success is not None:
                     on_success(_context_of(item))
@@ -844,6 +879,9 @@ class Controller:
     def _count_failure(self, item: WorkItem, error: BaseException) -> RecordContext:
         """A failed attempt of ``item``: its history, the counter and the ``on_failure`` hook."""
         self._counters.failed += 1
+        state = self._partitions.get(item.tp)
+        if state is not None:
+            state.totals.failed += 1
         item.attempts += 1
         item.last_failure = error
         item.last_failure_at = self._clock.now()
@@ -1130,7 +1168,8 @@ class Controller:
             now - call.started_at,
             error,
         )
-        self._hooks.on_work_done(call.id, (error,) * len(call.items), now - call.started_at)
+        if self._on_work_done is not None:
+            self._on_work_done(call.id, (error,) * len(call.items), now - call.started_at)
         # The asyncio runner cancels the task, the process runner replaces the worker
         # process; a thread runs on (it holds a worker until it returns: see _call_limit).
         self._runner.cancel(call.id, error)
@@ -1429,6 +1468,7 @@ class Controller:
             poller=self._poller.statistics(),
             overrunning_calls=self._deadlines.overruns,
             chunk_size=self.chunk_size,
+            totals=self._totals,
         )
 
     def __repr__(self) -> str:

@@ -221,6 +221,7 @@ class ParallelConsumer:
             committer=committer,
             clock=self._clock,
             hooks=safe_hooks,
+            sampling=telemetry.sampling() if telemetry is not None else None,
         )
 
     def _make_runner(self, kind: RunnerKind) -> Runner:

@@ -21,7 +21,7 @@ from parallel_consumer.health import PartitionStall
 from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
 from parallel_consumer.work.item import TopicPartition
 
-__all__ = ["Hooks", "NoHooks", "StallReport", "guarded"]
+__all__ = ["CallSampling", "Hooks", "NoHooks", "StallReport", "active_hooks", "guarded"]
 
 log = logging.getLogger("parallel_consumer")
 
@@ -149,13 +149,47 @@ class NoHooks:
 _METHODS = [name for name in vars(NoHooks) if name.startswith("on_")]
 
 
+def active_hooks(hooks: object) -> frozenset[str]:
+    """The hook methods ``hooks`` implements: for a :class:`NoHooks` subclass the ones it
+    overrides (the engine skips the others, so a hook nobody wrote costs nothing on the path of
+    a record); for any other object, every method."""
+    found = getattr(hooks, "active", None)
+    if isinstance(found, frozenset):
+        return found
+    if not isinstance(hooks, NoHooks):
+        return frozenset(_METHODS)
+    cls = type(hooks)
+    return frozenset(
+        name
+        for name in _METHODS
+        if getattr(cls, name, None) is not getattr(NoHooks, name) or name in vars(hooks)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CallSampling:
+    """What the engine hands to metrics (``parallel_consumer.telemetry``) instead of a hook on
+    every call: ``sample(records, errors, duration, periodic)`` for at most one call per
+    ``interval`` seconds (``periodic`` True; None: every call) and for every call longer than
+    ``slow_after`` seconds. ``records`` are the call's Kafka messages."""
+
+    interval: float | None
+    slow_after: float
+    sample: Callable[[Sequence[object], Sequence[BaseException | None], float, bool], None]
+
+
 class _Guarded:
-    """Calls another Hooks object and logs (never raises) what its methods raise."""
+    """Calls another Hooks object and logs (never raises) what its methods raise. Methods the
+    object does not implement stay the no-ops of :class:`NoHooks`."""
 
     def __init__(self, inner: Hooks) -> None:
         self._inner = inner
+        self.active = active_hooks(inner)
         for name in _METHODS:
-            setattr(self, name, self._wrap(name, getattr(inner, name)))
+            if name in self.active:
+                setattr(self, name, self._wrap(name, getattr(inner, name)))
+            else:
+                setattr(self, name, getattr(_NO_HOOKS, name))
 
     def _wrap(self, name: str, method: Callable[..., None]) -> Callable[..., None]:
         def call(*args: object) -> None:
@@ -166,6 +200,9 @@ class _Guarded:
                 log.warning("hook %s of %r failed", name, self._inner, exc_info=True)
 
         return call
+
+
+_NO_HOOKS = NoHooks()
 
 
 def guarded(hooks: Hooks | None) -> Hooks:

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from parallel_consumer.work.backpressure import Pauses
 from parallel_consumer.work.commits import CommitTracker
 from parallel_consumer.work.counters import Counters
 from parallel_consumer.work.inflight import InFlight
-from parallel_consumer.work.partitions import PartitionSnapshot, PartitionState
+from parallel_consumer.work.item import TopicPartition
+from parallel_consumer.work.partitions import PartitionSnapshot, PartitionState, RecordTotals
 from parallel_consumer.work.shards import ShardMap
 
 __all__ = [
     "Lifecycle",
     "PartitionSnapshot",
+    "PartitionTotals",
     "PollerStatistics",
     "Statistics",
     "assemble_statistics",
@@ -57,6 +59,20 @@ class PollerStatistics:
     commit_unanswered_for: float | None = None
     #: Commits waiting for that answer before they go out (as one request).
     commits_queued: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionTotals:
+    """One partition's records since the consumer started, over all its assignments (also
+    after it was revoked): what the metrics counters ``pc.processed.records`` and
+    ``pc.failed.records`` report."""
+
+    topic: str
+    partition: int
+    #: Records processed successfully (skipped and dead-lettered ones excluded).
+    succeeded: int
+    #: Failed handler attempts (each retry that fails counts again).
+    failed: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +143,8 @@ class Statistics:
     #: longer than a thread hand-over, up to 64 for very short ones). Always 1 for now: the
     #: feature is switched off (docs/performance.md).
     chunk_size: int = 1
+    #: Per partition ever assigned: records processed and attempts failed since the start.
+    partition_totals: tuple[PartitionTotals, ...] = ()
 
 
 def assemble_statistics(
@@ -143,6 +161,7 @@ def assemble_statistics(
     poller: PollerStatistics | None,
     chunk_size: int = 1,
     overrunning_calls: int = 0,
+    totals: Mapping[TopicPartition, RecordTotals] | None = None,
 ) -> Statistics:
     """One snapshot from the views of the controller's parts (on the controller thread)."""
     snapshots = []
@@ -186,4 +205,7 @@ def assemble_statistics(
         overrunning_calls=overrunning_calls,
         partition_stalls=counters.partition_stalls,
         chunk_size=chunk_size,
+        partition_totals=tuple(
+            PartitionTotals(tp[0], tp[1], t.succeeded, t.failed) for tp, t in (totals or {}).items()
+        ),
     )

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from parallel_consumer._clock import Clock
 from parallel_consumer._events import CallResult, WorkDone, WorkDoneMany
 from parallel_consumer.context import PollContext
-from parallel_consumer.hooks import Hooks, NoHooks
+from parallel_consumer.hooks import Hooks, NoHooks, active_hooks
 from parallel_consumer.runners.base import CallCancelled, Handler
 
 __all__ = ["ThreadRunner"]
@@ -40,7 +40,9 @@ class ThreadRunner:
         self._name = name
         self._hooks = hooks or NoHooks()
         #: False for NoHooks: two calls per record saved on the hot path.
-        self._has_hooks = type(self._hooks) is not NoHooks
+        active = active_hooks(self._hooks)
+        self._on_call_start = self._hooks.on_call_start if "on_call_start" in active else None
+        self._on_call_end = self._hooks.on_call_end if "on_call_end" in active else None
         #: Calls inside the handler right now (set and read under the GIL: one add and one
         #: discard per call).
         self._running: set[int] = set()
@@ -151,12 +153,12 @@ class ThreadRunner:
     def _call(self, handler: Handler, batch: int, context: PollContext) -> CallResult | None:
         """One handler call with its hooks; None when the runner was stopped before it began."""
         gate = self._gate
-        hooks = self._hooks
         with gate:
             if not self._open:
                 return None
-        if self._has_hooks:
-            hooks.on_call_start(batch, context)
+        on_call_start = self._on_call_start
+        if on_call_start is not None:
+            on_call_start(batch, context)
             # Again, right before the call: stop() may have come while the hook ran.
             with gate:
                 if not self._open:
@@ -184,8 +186,9 @@ class ThreadRunner:
         running.discard(batch)
         if cancelled:
             cancelled.discard(batch)  # cancelled while it was being started: it ran anyway
-        if self._has_hooks:
-            hooks.on_call_end(batch, context, error)
+        on_call_end = self._on_call_end
+        if on_call_end is not None:
+            on_call_end(batch, context, error)
         partial = error is None and context.has_failures
         return batch, context.outcomes(error), value, self._clock.monotonic(), partial
 

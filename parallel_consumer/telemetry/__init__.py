@@ -24,7 +24,7 @@ from opentelemetry import metrics, trace
 
 from parallel_consumer.context import RecordContext
 from parallel_consumer.errors import ConfigurationError
-from parallel_consumer.hooks import _METHODS, Hooks, NoHooks, guarded
+from parallel_consumer.hooks import _METHODS, CallSampling, Hooks, NoHooks, active_hooks, guarded
 from parallel_consumer.status import Statistics
 from parallel_consumer.telemetry._metrics import (
     STATUS_VALUES,
@@ -69,9 +69,10 @@ class _Combined:
     def __init__(self, hooks: Sequence[Hooks]) -> None:
         self._hooks = tuple(hooks)
         safe = [guarded(h) for h in self._hooks]
+        self.active = frozenset().union(*(active_hooks(h) for h in safe))
         for name in _METHODS:
-            methods = [getattr(h, name) for h in safe]
-            setattr(self, name, self._fan_out(methods))
+            methods = [getattr(h, name) for h in safe if name in active_hooks(h)]
+            setattr(self, name, methods[0] if len(methods) == 1 else self._fan_out(methods))
 
     @staticmethod
     def _fan_out(methods: list[Callable[..., None]]) -> Callable[..., None]:
@@ -199,6 +200,11 @@ class Telemetry:
         )
         return combine_hooks(hooks, self.metrics_hooks)
 
+    def sampling(self) -> CallSampling | None:
+        """The engine's sample of handler calls for the histograms and ``pc.slow.records``
+        (None while metrics are off or before :meth:`attach`)."""
+        return None if self.metrics_hooks is None else self.metrics_hooks.sampling()
+
     def wrap(self, handler: Any, *, is_async: bool, produces: bool) -> Any:
         """The handler to run: ``handler`` itself while tracing is off, else a picklable
         wrapper that runs each call under its records' spans."""
@@ -217,7 +223,7 @@ class Telemetry:
         """The consumer closed: gauges stop reporting (instruments cannot be removed through
         the API; their callbacks return nothing from now on)."""
         for snapshots in self._snapshots:
-            snapshots.closed = True
+            snapshots.close()
 
     # -- seams for the dead-letter writer -----------------------------------------------------
 

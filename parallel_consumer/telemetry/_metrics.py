@@ -6,9 +6,12 @@ Two sources, both cheap by design:
   callbacks run only when a reader collects, and every callback of one collection reads the
   same :class:`~parallel_consumer.status.Statistics` snapshot (:class:`_Snapshots`): one
   round trip to the controller thread per collection, nothing on the path of a record.
-- **Counters** are fed by :class:`MetricsHooks`, the controller-side hooks: plain integer
-  increments in dicts keyed by partition, read by observable counters when a reader collects.
-  **Histograms** are sampled (at most one sample per interval each).
+- **Counters** of records processed and failed are the engine's own per-partition totals
+  (``Statistics.partition_totals``), read the same way: no hook runs per call for them. The
+  rarer events (retries, dead letters, skips, commits) are counted by :class:`MetricsHooks`,
+  the controller-side hooks, in plain dicts keyed by partition. **Histograms** and the slow
+  records count come from the engine's sample of calls (``hooks.CallSampling``): at most one
+  call per interval, plus every call longer than ``slow_after``.
 
 Only the ``opentelemetry-api`` package is imported; the SDK is the user's choice.
 """
@@ -24,8 +27,8 @@ from typing import Any, Generic, TypeVar
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from parallel_consumer.context import PollContext, RecordContext
-from parallel_consumer.hooks import NoHooks
+from parallel_consumer.context import RecordContext
+from parallel_consumer.hooks import CallSampling, NoHooks
 from parallel_consumer.offsets.encoding import OffsetEncoding
 from parallel_consumer.status import Lifecycle, Statistics
 from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
@@ -58,6 +61,12 @@ _STATISTICS_COUNTERS = (
     ("pc.partition.stalls", "partition_stalls", "stall episodes of single partitions"),
 )
 
+#: Observable counters per partition read from ``Statistics.partition_totals``.
+_TOTALS_COUNTERS = (
+    ("pc.processed.records", "succeeded", "records processed successfully"),
+    ("pc.failed.records", "failed", "failed attempts of records"),
+)
+
 
 class _Snapshots(Generic[T]):
     """One snapshot (``statistics()``, ``health()``) per collection: a reader calls every
@@ -72,10 +81,29 @@ class _Snapshots(Generic[T]):
         self._last: T | None = None
         #: Set once the consumer is closed: gauges report nothing any more.
         self.closed = False
+        #: The snapshot taken at close: counters keep reporting their final totals.
+        self._final: T | None = None
+
+    def close(self) -> None:
+        try:
+            self._final = self._source()
+        except Exception:
+            self._final = self._last
+        self.closed = True
 
     def get(self) -> T | None:
+        """The snapshot for gauges (None once closed)."""
         if self.closed:
             return None
+        return self._current()
+
+    def totals(self) -> T | None:
+        """The snapshot for counters: the final one once closed."""
+        if self.closed:
+            return self._final
+        return self._current()
+
+    def _current(self) -> T | None:
         with self._lock:
             now = time.monotonic()
             if self._last is None or now - self._taken_at > self._max_age:
@@ -105,9 +133,11 @@ def register_gauges(
             found = partition_attributes[key] = {**base, "topic": topic, "partition": partition}
         return found
 
-    def total(read: Callable[[Statistics], float | None]) -> Callable[..., Iterable[Observation]]:
+    def total(
+        read: Callable[[Statistics], float | None], *, counter: bool = False
+    ) -> Callable[..., Iterable[Observation]]:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
-            stats = snapshots.get()
+            stats = snapshots.totals() if counter else snapshots.get()
             if stats is None:
                 return []
             value = read(stats)
@@ -178,12 +208,30 @@ def register_gauges(
     ]  # fmt: skip
     for name, unit, description, callback in gauges:
         meter.create_observable_gauge(name, [callback], unit=unit, description=description)
+
+    def totals(field: str) -> Callable[..., Iterable[Observation]]:
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            stats = snapshots.totals()
+            if stats is None:
+                return []
+            return [
+                Observation(getattr(t, field), attributes_of(t.topic, t.partition))
+                for t in stats.partition_totals
+                if getattr(t, field)
+            ]
+
+        return callback
+
+    for name, field, description in _TOTALS_COUNTERS:
+        meter.create_observable_counter(
+            name, [totals(field)], unit="{record}", description=description
+        )
     fields = Statistics.__dataclass_fields__
     for name, field, description in _STATISTICS_COUNTERS:
         if field in fields:
             meter.create_observable_counter(
                 name,
-                [total(_field_reader(field))],
+                [total(_field_reader(field), counter=True)],
                 unit="1",
                 description=description,
             )
@@ -285,14 +333,10 @@ class MetricsHooks(NoHooks):
         self._wall_clock = wall_clock
         self._monotonic = monotonic
         self._attributes_by_key: dict[Any, Attributes] = {}
-        self._dispatched: dict[int, PollContext] = {}
+        self.sample_interval = sample_interval
         self._commits_sent: dict[tuple[TopicPartition, int, int], float] = {}
-        self._processing_sampler = _Sampler(sample_interval)
-        self._latency_sampler = _Sampler(sample_interval)
         self._commit_sampler = _Sampler(sample_interval)
         # -- counts: key -> running total (key: a partition, (partition, reason), an encoding)
-        self.processed: dict[TopicPartition, int] = {}
-        self.failed: dict[TopicPartition, int] = {}
         self.slow: dict[TopicPartition, int] = {}
         self.retries: dict[TopicPartition, int] = {}
         self.dead_lettered: dict[tuple[TopicPartition, str], int] = {}
@@ -300,8 +344,6 @@ class MetricsHooks(NoHooks):
         self.commit_failures: dict[TopicPartition, int] = {}
         self.encodings: dict[str, int] = {}
         counters: list[tuple[str, str, str, dict[Any, int]]] = [
-            ("pc.processed.records", "{record}", "records processed successfully", self.processed),
-            ("pc.failed.records", "{record}", "failed attempts of records", self.failed),
             ("pc.slow.records", "{record}", "records of handler calls longer than slow_after",
              self.slow),
             ("pc.retries", "{record}", "failed attempts that will run again", self.retries),
@@ -353,41 +395,38 @@ class MetricsHooks(NoHooks):
 
         return callback
 
-    # -- handler calls --
+    # -- handler calls (the engine's sample: hooks.CallSampling) --
 
-    def on_dispatch(self, batch: int, context: PollContext) -> None:
-        self._dispatched[batch] = context
+    def sampling(self) -> CallSampling:
+        """What the engine calls instead of a hook per call."""
+        return CallSampling(self.sample_interval, self._slow_after, self.sample_call)
 
-    def on_work_done(
-        self, batch: int, errors: Sequence[BaseException | None], duration: float
+    def sample_call(
+        self,
+        records: Sequence[Any],
+        errors: Sequence[BaseException | None],
+        duration: float,
+        periodic: bool,
     ) -> None:
-        context = self._dispatched.pop(batch, None)
-        now = self._monotonic()
-        if self._processing_sampler.due(now):
-            self.processing_time.record(duration, self._base)
-        if context is None:
-            return
-        processed = self.processed
-        failed = self.failed
-        slow = self.slow if duration > self._slow_after else None
-        first_success: Any = None
-        for record, error in zip(context.records, errors, strict=False):
-            message = record.message
-            tp = (message.topic(), message.partition())
-            if error is None:
-                processed[tp] = processed.get(tp, 0) + 1
-                if first_success is None:
-                    first_success = message
-            else:
-                failed[tp] = failed.get(tp, 0) + 1
-            if slow is not None:
+        """A call the engine sampled: ``periodic`` (at most one per ``sample_interval``) feeds
+        the histograms; a call longer than ``slow_after`` (always sampled) counts its records
+        as slow."""
+        if duration > self._slow_after:
+            slow = self.slow
+            for message in records:
+                tp = (message.topic(), message.partition())
                 slow[tp] = slow.get(tp, 0) + 1
-        if first_success is not None and self._latency_sampler.due(now):
-            kind, millis = first_success.timestamp()
-            if kind != 0 and millis is not None and millis >= 0:
-                tp = (first_success.topic(), first_success.partition())
-                latency = max(0.0, self._wall_clock() - millis / 1000)
-                self.end_to_end.record(latency, self._attributes(tp))
+        if not periodic:
+            return
+        self.processing_time.record(duration, self._base)
+        for message, error in zip(records, errors, strict=False):
+            if error is None:
+                kind, millis = message.timestamp()
+                if kind != 0 and millis is not None and millis >= 0:
+                    tp = (message.topic(), message.partition())
+                    latency = max(0.0, self._wall_clock() - millis / 1000)
+                    self.end_to_end.record(latency, self._attributes(tp))
+                break
 
     # -- record fates (issue #11's hooks) --
 

@@ -114,6 +114,17 @@ class PartitionSnapshot:
     highest_sequential_succeeded: int = -1
 
 
+class RecordTotals:
+    """Records of one partition processed, and attempts failed, since the consumer started
+    (shared by its successive assignments)."""
+
+    __slots__ = ("failed", "succeeded")
+
+    def __init__(self) -> None:
+        self.succeeded = 0
+        self.failed = 0
+
+
 class PartitionState:
     """Processing state of one assigned partition. Owned by the controller thread.
 
@@ -133,6 +144,7 @@ class PartitionState:
     ) -> None:
         self.tp = tp
         self.epoch = epoch
+        self.totals = RecordTotals()
         self.incomplete = IncompleteOffsets(restored_incomplete)
         #: Restored incomplete offsets that no poll has delivered yet (ascending).
         self._unpolled: list[int] = list(restored_incomplete)

@@ -12,6 +12,7 @@ from doubles import stepped_controller
 
 from parallel_consumer import ConfigurationError, NoHooks, Options, PollContext, StallReport
 from parallel_consumer._events import RecordsPolled
+from parallel_consumer.hooks import active_hooks, guarded
 from parallel_consumer.testing.clock import FakeClock
 from parallel_consumer.work.stall import StallWatch
 
@@ -132,3 +133,62 @@ def test_records_that_cannot_be_dispatched_are_reported_as_a_stall():
     # Then it is reported, once, and counted
     assert [r.waiting for r in reports] == [1]
     assert controller.statistics().stalls == 1
+
+
+def test_the_engine_calls_only_the_hooks_an_object_implements(harness, cluster, wait_until):
+    # Given hooks that implement on_commit only, through a NoHooks subclass
+    calls: list[str] = []
+
+    class OnlyCommits(NoHooks):
+        def on_commit(self, answers: Sequence[Any]) -> None:
+            calls.append("commit")
+
+    hooks = OnlyCommits()
+    assert active_hooks(hooks) == {"on_commit"}
+    guarded_hooks = guarded(hooks)
+    # Then the others stay the plain no-ops (nothing wraps them on the path of a record)
+    assert guarded_hooks.on_work_done.__func__ is NoHooks.on_work_done  # type: ignore[attr-defined]
+    assert guarded_hooks.on_success.__func__ is NoHooks.on_success  # type: ignore[attr-defined]
+    # and an object that is not a NoHooks counts as implementing everything
+    assert active_hooks(Recorder()) >= {"on_dispatch", "on_work_done"}
+    assert active_hooks(type("Duck", (), {})()) == {
+        name for name in dir(NoHooks) if name.startswith("on_")
+    }
+    assert active_hooks(NoHooks()) == set()
+    cluster.create_topic("t")
+    cluster.produce("t", b"x")
+    pc = harness.make(Options(commit_interval=0.05), hooks=hooks)
+    pc.poll(lambda ctx: None)
+    wait_until(lambda: "commit" in calls)
+    pc.close()
+
+
+def test_partition_totals_count_every_assignment_and_stay_after_a_revoke(
+    harness, cluster, wait_until
+):
+    # Given two partitions, and a first attempt of offset 1 of t[0] that fails
+    cluster.create_topic("t", 2)
+    for i in range(4):
+        cluster.produce("t", b"%d" % i, partition=i % 2)
+    pc = harness.make(Options(commit_interval=0.05, retry_delay=0))
+
+    def handle(ctx: PollContext) -> None:
+        if (ctx.partition, ctx.offset, ctx.attempts) == (0, 1, 0):
+            raise ValueError("first attempt")
+
+    pc.poll(handle)
+    wait_until(lambda: pc.statistics().records_succeeded == 4)
+    # When t[0] is revoked, more records arrive, and it is assigned again
+    consumer = harness.consumers[0]
+    consumer.rebalance(revoke=[("t", 0)])
+    wait_until(lambda: len(pc.statistics().partitions) == 1)
+    cluster.produce("t", b"4", partition=0)
+    cluster.produce("t", b"5", partition=1)
+    consumer.rebalance(assign=[("t", 0)])
+    wait_until(lambda: pc.statistics().records_succeeded == 6)
+    totals = {
+        (t.topic, t.partition): (t.succeeded, t.failed) for t in pc.statistics().partition_totals
+    }
+    pc.close()
+    # Then the totals hold both assignments of t[0]
+    assert totals == {("t", 0): (3, 1), ("t", 1): (3, 0)}

@@ -3,6 +3,7 @@ the record-fate hooks of issue #11, combined hooks, and "no SDK configured"."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -143,11 +144,9 @@ def test_record_fate_hooks_count_retries_dead_letters_and_skips(otel):
 
 def test_a_slow_call_counts_its_records_as_slow(otel):
     hooks = MetricsHooks(otel.meters.get_meter("t"), base=dict(BASE), slow_after=0.5)
-    records = [RecordContext(Message(topic="t", partition=0, offset=i)) for i in range(3)]
-    hooks.on_dispatch(1, PollContext(records))
-    hooks.on_work_done(1, [None, None, ValueError()], 0.75)
-    hooks.on_dispatch(2, PollContext(records[:1]))
-    hooks.on_work_done(2, [None], 0.25)
+    messages = [Message(topic="t", partition=0, offset=i) for i in range(3)]
+    hooks.sample_call(messages, [None, None, ValueError()], 0.75, False)
+    hooks.sample_call(messages[:1], [None], 0.25, True)
     assert otel.points("pc.slow.records") == {_tp("t", 0): 3}
 
 
@@ -221,29 +220,51 @@ class CountingMeter:
         return Histogram()
 
 
-def test_the_hot_path_counts_in_plain_dicts_and_samples_histograms():
-    # Given the metrics hooks with a clock that stands still
+def test_only_sampled_calls_reach_the_histograms():
+    # Given the metrics hooks
     meter = CountingMeter()
     hooks = MetricsHooks(
         meter,  # type: ignore[arg-type]
         base=dict(BASE),
         slow_after=10.0,
         sample_interval=0.01,
-        monotonic=lambda: 5.0,
     )
-    records = [
-        RecordContext(Message(topic="t", partition=i % 2, offset=i, timestamp=(1, 1000)))
-        for i in range(4)
+    messages = [
+        Message(topic="t", partition=i % 2, offset=i, timestamp=(1, 1000)) for i in range(4)
     ]
-    # When 1,000 calls of 4 records end
-    for batch in range(1000):
-        hooks.on_dispatch(batch, PollContext(records))
-        hooks.on_work_done(batch, [None, None, None, ValueError()], 0.001)
-    # Then only one sample per histogram reached OpenTelemetry, and the counts are exact
-    assert meter.records == 2  # processing time and end-to-end latency, once each
-    assert hooks.processed == {("t", 0): 2000, ("t", 1): 1000}
-    assert hooks.failed == {("t", 1): 1000}
-    assert hooks._dispatched == {}
+    # When the engine hands over a slow call that is not a periodic sample, then a periodic one
+    hooks.sample_call(messages, [None, None, None, ValueError()], 11.0, False)
+    assert meter.records == 0
+    hooks.sample_call(messages, [ValueError(), None, None, None], 0.001, True)
+    # Then only the periodic one reached the histograms (processing time and end-to-end
+    # latency, once each), and only the slow one counted as slow
+    assert meter.records == 2
+    assert hooks.slow == {("t", 0): 2, ("t", 1): 2}
+
+
+def test_the_engine_samples_one_call_per_interval_plus_every_slow_call(otel, consumers, wait):
+    # Given metrics that sample at most one call per hour and count calls over 50 ms as slow
+    _fill(consumers.cluster, 20)
+    pc = consumers.make(
+        Options(commit_interval=0.05, ordering="partition"),
+        telemetry=otel.telemetry(
+            instance="i1", tracing=False, slow_after=0.05, histogram_sample_interval=3600
+        ),
+    )
+
+    def handle(ctx: PollContext) -> None:
+        if ctx.offset in (5, 8):
+            time.sleep(0.1)
+
+    # When 20 calls run, offsets 5 and 8 of both partitions slow
+    pc.poll(handle)
+    wait(lambda: pc.statistics().records_succeeded == 20)
+    pc.close()
+    # Then one call reached the histogram, the four slow ones counted as slow, and the totals
+    # of every record came from the engine
+    assert sum(otel.points("pc.user.function.processing.time").values()) == 1
+    assert otel.points("pc.slow.records") == {_tp("t", 0): 2, _tp("t", 1): 2}
+    assert otel.points("pc.processed.records") == {_tp("t", 0): 10, _tp("t", 1): 10}
 
 
 def test_health_gauges_read_the_health_report_once_the_consumer_has_one(otel, consumers, wait):
