@@ -107,11 +107,14 @@ WARN_FROM_ATTEMPT = 3
 THREAD_HOP = 60e-6
 #: Most calls in one chunk.
 MAX_CHUNK = 64
-#: Adaptive dispatch is built but off: a call that hangs (a handler waiting forever on one
-#: record) holds the calls queued behind it in its chunk, which then never run, where without
-#: chunks it holds only its own worker. It comes back on once idle workers can take over the
-#: rest of a stuck chunk (docs/performance.md).
-ADAPTIVE_DISPATCH = False
+#: Adaptive dispatch (docs/performance.md#adaptive-dispatch). It needs a runner that can take
+#: over the rest of a chunk whose current call hangs (``release_stuck``).
+ADAPTIVE_DISPATCH = True
+#: A call of a chunk running longer than this is stuck: the calls of its chunk not started yet
+#: go to other workers, one by one, and the finished ones are reported (real seconds).
+STUCK_AFTER = 0.02
+#: How often the controller looks for stuck chunks while any is running (real seconds).
+STUCK_CHECK_EVERY = 0.01
 
 
 class PollerPort(Protocol):
@@ -162,6 +165,8 @@ class Controller:
         #: hop (adaptive dispatch; only runners with ``submit_chunk``, and no deadlines).
         self.chunk_size = 1
         self._chunks = False
+        #: When to look for stuck chunks next (time.monotonic(): it is about real threads).
+        self._next_stuck_check = 0.0
         #: on_stall=DEAD_LETTER: records whose young call was given its chance once already.
         self._stall_chances: set[tuple[TopicPartition, int]] = set()
         self._inbox: queue.SimpleQueue[ControllerEvent] = queue.SimpleQueue()
@@ -258,6 +263,7 @@ class Controller:
             ADAPTIVE_DISPATCH
             and self._timeout is None
             and callable(getattr(self._runner, "submit_chunk", None))
+            and callable(getattr(self._runner, "release_stuck", None))
         )
         self._runner.start(handler, self.post)
         self.lifecycle = Lifecycle.RUNNING
@@ -333,6 +339,8 @@ class Controller:
         due = self._deadlines.next_at()
         if due is not None and now >= due:
             self._expire_calls(now)
+        if self._chunks:
+            self._release_stuck_chunks()
         self._dispatch(now)
         if now >= self._next_commit:
             if self._gate is None:
@@ -384,6 +392,8 @@ class Controller:
                 deadline = wake
         if self._close is not None:
             deadline = min(deadline, now + 0.05)
+        if self._chunks and self._runner.chunks_running:  # type: ignore[attr-defined]
+            deadline = min(deadline, now + STUCK_CHECK_EVERY)
         if self._outputs is not None and self._outputs.backlog:
             deadline = min(deadline, now + 0.005)  # outputs wait for room in the producer
         return deadline
@@ -621,6 +631,15 @@ class Controller:
         previous = self._service
         service = self._service = took if previous is None else previous * 0.8 + took * 0.2
         self.chunk_size = max(1, min(MAX_CHUNK, int(THREAD_HOP / max(service, 1e-7))))
+
+    def _release_stuck_chunks(self) -> None:
+        real_now = time.monotonic()
+        if real_now < self._next_stuck_check:
+            return
+        self._next_stuck_check = real_now + STUCK_CHECK_EVERY
+        moved = self._runner.release_stuck(STUCK_AFTER)  # type: ignore[attr-defined]
+        if moved:
+            log.debug("%d calls of stuck chunks handed to other workers", moved)
 
     def _on_chunk_done(self, event: WorkDoneMany) -> None:
         self._observe_service(event.service)

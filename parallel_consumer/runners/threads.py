@@ -6,6 +6,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from parallel_consumer._clock import Clock
@@ -19,8 +20,44 @@ __all__ = ["ThreadRunner"]
 log = logging.getLogger("parallel_consumer")
 
 Call = tuple[int, PollContext]
-#: One call, a chunk of calls run one after another on one worker, or None (stop).
-_Task = Call | list[Call] | None
+
+
+class _Chunk:
+    """Calls run one after another by one worker (its owner). ``calls`` holds the ones not
+    started yet and ``results`` the ones finished and not yet reported: both are deques, whose
+    ``append`` and ``popleft`` are atomic, so :meth:`ThreadRunner.release_stuck` can take over
+    what the owner has not started (or reported) while the owner is inside a call that hangs:
+    each call is started, and each result reported, exactly once."""
+
+    __slots__ = ("call_started", "calls", "results")
+
+    def __init__(self, calls: list[Call]) -> None:
+        self.calls: deque[Call] = deque(calls)
+        self.results: deque[CallResult] = deque()
+        #: perf_counter() when the owner started its current call (0.0 between calls).
+        self.call_started = 0.0
+
+    def take_results(self) -> list[CallResult]:
+        out = []
+        results = self.results
+        while True:
+            try:
+                out.append(results.popleft())
+            except IndexError:
+                return out
+
+    def take_calls(self) -> list[Call]:
+        out = []
+        calls = self.calls
+        while True:
+            try:
+                out.append(calls.popleft())
+            except IndexError:
+                return out
+
+
+#: One call, a chunk of calls, or None (stop).
+_Task = Call | _Chunk | None
 
 
 class ThreadRunner:
@@ -50,11 +87,14 @@ class ThreadRunner:
         #: instead of running it.
         self._cancelled: set[int] = set()
         self._tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()
+        #: Chunks a worker is running now (added and removed by their owner).
+        self._active: set[_Chunk] = set()
         self._threads: list[threading.Thread] = []
         self._gate = threading.Lock()
         self._open = True  # guarded by _gate
 
     def start(self, handler: Handler, done: Callable[[WorkDone], None]) -> None:
+        self._done = done
         for index in range(self.capacity):
             thread = threading.Thread(
                 target=self._work,
@@ -71,8 +111,36 @@ class ThreadRunner:
     def submit_chunk(self, calls: list[Call]) -> None:
         """Run ``calls`` one after another on one worker and report them as one
         :class:`WorkDoneMany`: one thread hop each way for many short calls. The controller
-        never puts two records of one lane in a chunk, so order is unchanged."""
-        self._tasks.put(calls)
+        never puts two records of one lane in a chunk, so any of its calls may run on another
+        worker (see :meth:`release_stuck`) without changing the order of a lane."""
+        self._tasks.put(_Chunk(calls))
+
+    def release_stuck(self, older_than: float) -> int:
+        """For each chunk whose current call has run longer than ``older_than`` seconds: report
+        the calls it finished and hand the ones it has not started to any free worker, one by
+        one, so a call that hangs holds only its own worker and record. Returns how many calls
+        moved. Called by the controller, on its thread."""
+        if not self._open or not self._active:
+            return 0
+        now = time.perf_counter()
+        moved = 0
+        for chunk in list(self._active):
+            started = chunk.call_started
+            if not started or now - started <= older_than:
+                continue
+            for call in chunk.take_calls():
+                self._tasks.put(call)
+                moved += 1
+            results = chunk.take_results()
+            if results:
+                # The service time reported is the stuck call's so far: it tells the controller
+                # that calls are no longer short.
+                self._done(WorkDoneMany(results, now - started))  # type: ignore[arg-type]
+        return moved
+
+    @property
+    def chunks_running(self) -> int:
+        return len(self._active)
 
     def cancel_queued(self) -> list[int]:
         cancelled: list[int] = []
@@ -80,11 +148,14 @@ class ThreadRunner:
             try:
                 task = self._tasks.get_nowait()
             except queue.Empty:
-                return cancelled
-            if isinstance(task, list):
-                cancelled.extend(batch for batch, _ in task)
+                break
+            if isinstance(task, _Chunk):
+                cancelled.extend(batch for batch, _ in task.take_calls())
             elif task is not None:
                 cancelled.append(task[0])
+        for chunk in list(self._active):
+            cancelled.extend(batch for batch, _ in chunk.take_calls())
+        return cancelled
 
     def running(self, batch: int) -> bool:
         """Whether call ``batch`` is inside the handler now (not queued, not finished)."""
@@ -116,7 +187,7 @@ class ThreadRunner:
             task = tasks.get()
             if task is None:
                 return
-            if isinstance(task, list):
+            if isinstance(task, _Chunk):
                 if not self._run_chunk(handler, done, task):
                     return
             elif not self._run_one(handler, done, *task):
@@ -133,22 +204,38 @@ class ThreadRunner:
         return True
 
     def _run_chunk(
-        self, handler: Handler, done: Callable[[WorkDone], None], calls: list[Call]
+        self, handler: Handler, done: Callable[[WorkDone], None], chunk: _Chunk
     ) -> bool:
         """Returns False once stopped: calls not started then are never reported (the controller
         takes them back on close, like queued ones)."""
+        active = self._active
+        active.add(chunk)
         started = time.perf_counter()
-        results: list[CallResult] = []
+        ran = 0
         call = self._call
-        for batch, context in calls:
-            result = call(handler, batch, context)
-            if result is None:
-                break
-            results.append(result)
+        calls = chunk.calls
+        stopped = False
+        try:
+            while True:
+                try:
+                    batch, context = calls.popleft()
+                except IndexError:
+                    break
+                chunk.call_started = time.perf_counter()
+                result = call(handler, batch, context)
+                chunk.call_started = 0.0
+                if result is None:
+                    stopped = True
+                    break
+                chunk.results.append(result)
+                ran += 1
+        finally:
+            active.discard(chunk)
+        results = chunk.take_results()
         if results:
-            service = (time.perf_counter() - started) / len(results)
+            service = (time.perf_counter() - started) / ran
             done(WorkDoneMany(results, service))  # type: ignore[arg-type]
-        return len(results) == len(calls)
+        return not stopped
 
     def _call(self, handler: Handler, batch: int, context: PollContext) -> CallResult | None:
         """One handler call with its hooks; None when the runner was stopped before it began."""
