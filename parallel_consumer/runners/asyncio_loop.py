@@ -22,7 +22,7 @@ from parallel_consumer._clock import Clock
 from parallel_consumer._events import WorkDone
 from parallel_consumer.context import PollContext
 from parallel_consumer.hooks import Hooks, NoHooks
-from parallel_consumer.runners.base import CallCancelled, Handler
+from parallel_consumer.runners.base import CallCancelled, Handler, not_a_result
 
 __all__ = ["AsyncioRunner"]
 
@@ -288,6 +288,8 @@ async def _call(handler: Handler, context: PollContext, is_open: Callable[[], bo
         result = handler(context)
         if inspect.isawaitable(result):
             result = await result
+        elif (wrong := not_a_result(result)) is not None:
+            return None, wrong  # an async generator: nothing ran
         return result, None
     except asyncio.CancelledError as exc:
         task = asyncio.current_task()

@@ -26,7 +26,8 @@ from parallel_consumer import Options, ParallelConsumer, PollContext
 from parallel_consumer._clock import SystemClock
 from parallel_consumer._events import WorkDone
 from parallel_consumer.context import RecordContext
-from parallel_consumer.runners import AsyncioRunner, ProcessRunner
+from parallel_consumer.errors import ConfigurationError
+from parallel_consumer.runners import AsyncioRunner, ProcessRunner, ThreadRunner
 from parallel_consumer.testing.fakes import FakeCluster
 
 # -- process-runner handlers (module level: the worker processes import them by name) --------
@@ -175,18 +176,10 @@ def async_generator_handler(ran: list[int]) -> Callable[[PollContext], Any]:
     return handle
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 1: an async def handler behind a sync decorator, a partial of an async "
-    "callable object, or an async def with a stray yield runs on the thread runner; the "
-    "coroutine (async generator) it returns is never run and the record is committed as done",
-)
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize(
     "make_handler",
-    [decorated_handler, partial_of_async_object, async_generator_handler],
-    ids=["sync-decorator", "partial-of-async-callable", "async-generator"],
+    [decorated_handler, partial_of_async_object],
+    ids=["sync-decorator", "partial-of-async-callable"],
 )
 def test_finding_1_a_wrapped_async_handler_is_never_awaited_yet_its_records_commit(make_handler):
     # Given 5 records and an async handler behind a synchronous wrapper
@@ -207,6 +200,58 @@ def test_finding_1_a_wrapped_async_handler_is_never_awaited_yet_its_records_comm
     committed = cluster.committed("g", "t", 0)
     done = 0 if committed is None else committed[0]
     assert set(range(done)) <= set(ran), f"committed up to {done}, handler bodies ran for {ran}"
+
+
+def test_finding_1_an_async_generator_handler_is_refused_at_poll():
+    # Given an async def with a stray ``yield``: calling it runs nothing until it is iterated,
+    # so no runner can process records with it
+    cluster = FakeCluster()
+    cluster.create_topic("t")
+    cluster.produce("t", b"0", key=b"k")
+    ran: list[int] = []
+    pc = consumer(cluster, Options(commit_interval=0.05))
+    try:
+        # When it is registered
+        # Then it is refused before anything runs (and so nothing commits)
+        with pytest.raises(ConfigurationError, match="async generator"):
+            pc.poll(async_generator_handler(ran))
+    finally:
+        pc.close()
+    assert cluster.committed("g", "t", 0) is None
+    assert ran == []
+
+
+@pytest.mark.parametrize("runner", ["threads", "asyncio"])
+def test_finding_1_a_call_returning_a_coroutine_or_async_generator_fails(runner):
+    # Given handlers whose async nature cannot be seen: a lambda around an async def, and one
+    # around an async generator function
+    async def coroutine_function(ctx: PollContext) -> None:
+        await asyncio.sleep(0)
+
+    async def generator_function(ctx: PollContext) -> Any:
+        yield
+
+    handlers = {
+        "threads": lambda ctx: coroutine_function(ctx),
+        "asyncio": lambda ctx: generator_function(ctx),
+    }
+    results = Results()
+    run: AsyncioRunner | ThreadRunner = (
+        AsyncioRunner(2, SystemClock(), name="review")
+        if runner == "asyncio"
+        else ThreadRunner(2, SystemClock(), name="review")
+    )
+    run.start(handlers[runner], results)
+    try:
+        # When it is called
+        run.submit(0, context(0))
+        # Then the call fails (its body never ran), with an error that says why
+        reported = results.take(1, timeout=5.0)
+        error = reported[0].errors[0]
+        assert isinstance(error, TypeError)
+        assert "never ran" in str(error)
+    finally:
+        run.stop(1.0)
 
 
 # -- finding 2: SystemExit / KeyboardInterrupt in a task a handler awaits kills the event loop ---
@@ -649,12 +694,6 @@ def test_finding_11_a_worker_holding_the_gil_does_not_stall_the_other_workers():
         runner.stop(1.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 1 (explicit runner): the same decorated async def handler with "
-    "runner='asyncio' set explicitly is refused at poll() as 'a plain function', so the user "
-    "cannot even opt in; _is_async does not look through __wrapped__",
-)
 def test_finding_1_a_decorated_async_handler_is_refused_by_the_asyncio_runner():
     cluster = FakeCluster()
     cluster.create_topic("t")
