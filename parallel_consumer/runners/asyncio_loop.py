@@ -74,6 +74,7 @@ class AsyncioRunner:
         self._running: dict[int, asyncio.Task[_Result]] = {}
         self._reasons: dict[int, BaseException] = {}
         self._last_lag_warning = -LAG_WARNING_EVERY
+        self._halted = False  # set by stop(), through the loop: the loop is to end
         #: How often the loop was found blocked for longer than LAG_WARNING.
         self.blocked_loop_count = 0
 
@@ -144,7 +145,7 @@ class AsyncioRunner:
             )
         finally:
             with contextlib.suppress(RuntimeError):  # already closed
-                loop.call_soon_threadsafe(loop.stop)
+                loop.call_soon_threadsafe(self._halt)
             thread.join(CANCEL_GRACE)
         return in_time
 
@@ -163,14 +164,40 @@ class AsyncioRunner:
         loop.call_soon(ready.set)
         loop.call_soon(self._watch_lag, loop.time())
         try:
-            loop.run_forever()
+            self._run_until_halted(loop)
         finally:
             try:
                 loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.run_until_complete(loop.shutdown_default_executor())
             finally:
                 asyncio.set_event_loop(None)
                 loop.close()
+
+    def _run_until_halted(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run the loop until :meth:`_halt`, whatever escapes it meanwhile.
+
+        asyncio lets SystemExit and KeyboardInterrupt out of ``run_forever`` when a task raises
+        them, even a task nobody here created: ``wait_for``, ``gather`` and ``create_task`` in a
+        handler wrap its coroutines in tasks, and ``sys.exit()`` in one would end this thread
+        and strand every call in flight. The task still holds the exception, so whoever awaits
+        it (the handler) gets it, and :func:`_call` makes it the failure of that one call; the
+        loop resumes where it stopped (the callbacks not run yet are still queued)."""
+        while True:
+            try:
+                loop.run_forever()
+            except (SystemExit, KeyboardInterrupt) as exc:
+                log.error(
+                    "%r escaped a task on the event loop %s-aio-loop; the call that awaited "
+                    "it fails, the others go on",
+                    exc,
+                    self._name,
+                )
+            if self._halted:
+                return
+
+    def _halt(self) -> None:
+        self._halted = True
+        assert self._loop is not None
+        self._loop.stop()
 
     def _on_wake(self) -> None:
         with self._lock:

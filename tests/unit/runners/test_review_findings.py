@@ -261,13 +261,6 @@ async def exit_now() -> None:
     raise SystemExit(3)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 2: SystemExit raised in a task an async handler awaits (wait_for, gather, "
-    "create_task) escapes Task.__step and stops the runner's event loop: every other call in "
-    "flight never reports and the consumer stalls or fails",
-)
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 @pytest.mark.parametrize("how", ["wait_for", "gather"])
 def test_finding_2_system_exit_in_an_awaited_task_stops_every_other_call(how):
     # Given 10 records of distinct keys; the first attempt at record 0 awaits a helper that
