@@ -161,6 +161,15 @@ class AsyncioRunner:
 
     def _run_loop(self, loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
         asyncio.set_event_loop(loop)
+        # Our own executor for run_in_executor(None, ...) and asyncio.to_thread, so the loop
+        # can end without waiting for its threads: a blocking call cannot be interrupted, and
+        # loop.shutdown_default_executor() would keep this thread (and the loop) alive after
+        # close() for as long as one runs. Like a thread runner's call, it finishes on its own;
+        # its result goes nowhere (its task was cancelled and the loop is closed).
+        blocking = concurrent.futures.ThreadPoolExecutor(
+            thread_name_prefix=f"{self._name}-aio-blocking"
+        )
+        loop.set_default_executor(blocking)
         loop.call_soon(ready.set)
         loop.call_soon(self._watch_lag, loop.time())
         try:
@@ -169,6 +178,7 @@ class AsyncioRunner:
             try:
                 loop.run_until_complete(loop.shutdown_asyncgens())
             finally:
+                blocking.shutdown(wait=False, cancel_futures=True)
                 asyncio.set_event_loop(None)
                 loop.close()
 

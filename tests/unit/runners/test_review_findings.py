@@ -330,13 +330,6 @@ def test_finding_3_a_handler_raising_generator_exit_still_reports_its_call(aio_r
 # -- finding 4: close() returns with the event loop still running (asyncio.to_thread) ----------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 4: after close() the runner's loop thread stays alive (and its loop open) "
-    "as long as any to_thread/run_in_executor call runs: _run_loop awaits "
-    "loop.shutdown_default_executor(), which waits for the blocking call, and stop() gives up "
-    "joining after CANCEL_GRACE",
-)
 def test_finding_4_close_leaves_the_event_loop_running_behind_a_to_thread_call():
     # Given an async handler that moves its blocking part to a thread, as the docs advise
     cluster = FakeCluster()
