@@ -137,22 +137,46 @@ class ProcessRunner:
         """Start the workers and wait until each has loaded the handler."""
         self._handler_bytes = pickled_handler(handler)
         self._done = done
-        self._wake_r, self._wake_w = self._context.Pipe(duplex=False)
-        workers = [self._spawn(index) for index in range(self.capacity)]
-        deadline = time.monotonic() + START_TIMEOUT
-        for worker in workers:
-            problem = _await_ready(worker, deadline)
-            if problem is not None:
-                for w in workers:
-                    _terminate(w)
-                    _close(w)
-                self._close_wake()
-                raise ConfigurationError(f"runner='process': {problem}")
+        workers: list[_Worker] = []
+        try:
+            self._wake_r, self._wake_w = self._context.Pipe(duplex=False)
+            # Every worker is started before any is awaited: they load the handler in parallel.
+            # One by one, so the clean-up below knows every worker started before a failure.
+            for index in range(self.capacity):
+                workers.append(self._spawn(index))  # noqa: PERF401
+            deadline = time.monotonic() + START_TIMEOUT
+            problem: str | None = None
+            for worker in workers:
+                problem = _await_ready(worker, deadline)
+                if problem is not None:
+                    break
+        except OSError as exc:  # too many open files or processes (EMFILE, EAGAIN), ...
+            problem = (
+                f"could not start the worker processes ({len(workers)} of {self.capacity} "
+                f"started): {exc}. Lower Options.processes, or raise the limit on open files "
+                "and processes"
+            )
+            cause: BaseException | None = exc
+        except BaseException:
+            self._abandon_start(workers)
+            raise
+        else:
+            cause = None
+        if problem is not None:
+            self._abandon_start(workers)
+            raise ConfigurationError(f"runner='process': {problem}") from cause
         self._workers = workers
         self._thread = threading.Thread(
             target=self._serve, name=f"{self._name}-proc-pool", daemon=True
         )
         self._thread.start()
+
+    def _abandon_start(self, workers: list[_Worker]) -> None:
+        """A start that failed leaves nothing running."""
+        for worker in workers:
+            _terminate(worker)
+            _close(worker)
+        self._close_wake()
 
     def submit(self, batch: int, context: PollContext) -> None:
         with self._lock:

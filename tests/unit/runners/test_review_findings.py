@@ -489,13 +489,6 @@ def test_finding_7_a_replacement_that_cannot_load_the_handler_is_not_respawned_f
 # -- finding 8: a worker that cannot be spawned: a raw OSError, and the others left running ----
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 8: start() spawns the workers in a list comprehension outside its clean-up; "
-    "an OSError from the 3rd spawn (EMFILE/EAGAIN with a large processes=) escapes as is, not "
-    "as a ConfigurationError, and the workers already spawned (and the wake pipe) are left "
-    "running, even after close()",
-)
 def test_finding_8_a_failed_spawn_is_a_configuration_error_and_leaves_nothing_running(
     monkeypatch,
 ):
