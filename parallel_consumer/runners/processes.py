@@ -77,6 +77,8 @@ class _Worker:
     closed: bool = False
     #: Terminated by the pool because a call it held was cancelled (its deadline passed).
     killed: bool = False
+    #: Terminated by the pool because stop's timeout ran out: its calls were cancelled.
+    cut_off: bool = False
 
 
 class ProcessRunner:
@@ -389,15 +391,20 @@ class ProcessRunner:
             # A clean stop: what it still held never started, and is not reported.
             _close(worker)
             return
-        why = "was terminated (a call it held was cancelled)" if worker.killed else "exited"
-        self._fail_outstanding(
-            worker,
-            WorkerCrashed(
+        error: BaseException
+        if worker.cut_off:
+            error = CallCancelled(
+                f"worker process {pid} was stopped at close while it ran this call or held it "
+                "queued"
+            )
+        else:
+            why = "was terminated (a call it held was cancelled)" if worker.killed else "exited"
+            error = WorkerCrashed(
                 f"worker process {pid} {why} with code {code} while it ran this call or held "
                 "it queued",
                 code,
-            ),
-        )
+            )
+        self._fail_outstanding(worker, error)
         _close(worker)
         if stopping:
             return
@@ -425,6 +432,7 @@ class ProcessRunner:
         for worker in list(self._workers):
             if worker.outstanding:
                 self._in_time = False
+            worker.cut_off = True
             _terminate(worker)
             self._read_all(worker)  # may find its end and report it as exited
             if worker.outstanding:

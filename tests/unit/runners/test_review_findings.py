@@ -526,12 +526,6 @@ def test_finding_8_a_failed_spawn_is_a_configuration_error_and_leaves_nothing_ru
 # -- finding 9: calls a worker ran when stop() terminated it report WorkerCrashed -----------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 9: docs (runners.md, cpu-bound.md, Runner.stop) say calls of workers "
-    "terminated at close report CallCancelled; _terminate_after_timeout's _read_all meets the "
-    "end of the pipe first and _exited reports them as WorkerCrashed (exit code -15)",
-)
 def test_finding_9_calls_terminated_at_stop_report_call_cancelled(process_runner):
     from parallel_consumer.runners import CallCancelled
 
