@@ -62,6 +62,11 @@ PER_WORKER = 8
 START_TIMEOUT = 60.0
 #: After stop's timeout, how long a terminated worker may take to exit before it is killed.
 KILL_GRACE = 1.0
+#: A replacement worker that exits before it loaded the handler is started again after this
+#: many seconds, doubling with each failure in a row up to RESPAWN_DELAY_MAX: the cause (the
+#: handler's module changed or broke under a running consumer) rarely goes away by itself.
+RESPAWN_DELAY = 10.0
+RESPAWN_DELAY_MAX = 300.0
 
 
 @dataclass(eq=False)
@@ -128,6 +133,10 @@ class ProcessRunner:
         self._thread: threading.Thread | None = None
         # -- pool thread only (after start) --
         self._workers: list[_Worker] = []
+        #: Worker slots whose replacement failed to start: when to try again.
+        self._respawn_at: dict[int, float] = {}
+        #: Failed starts in a row per worker slot (reset once a worker loads the handler).
+        self._failed_starts: dict[int, int] = {}
         self._stop_sent = False
         self._in_time = True
         #: Worker processes started to replace one that died.
@@ -277,10 +286,12 @@ class ProcessRunner:
             if timeout <= 0:
                 self._terminate_after_timeout()
                 return False
-        elif self._call_timeout is not None:
-            keep_alive = self._keep_queued_alive(self._call_timeout)
-            if keep_alive is not None:
-                timeout = keep_alive
+        else:
+            if self._call_timeout is not None:
+                timeout = self._keep_queued_alive(self._call_timeout)
+            respawn = self._respawn_due()
+            if respawn is not None and (timeout is None or respawn < timeout):
+                timeout = respawn
         owners: dict[Any, _Worker] = {}
         for worker in self._workers:
             owners[worker.results] = worker
@@ -319,6 +330,42 @@ class ProcessRunner:
             for context in queued:
                 context.extend_deadline(call_timeout)
         return max(0.0, self._next_keep_alive - now)
+
+    def _respawn_due(self) -> float | None:
+        """Start the replacements whose wait is over; returns how soon the next one is due."""
+        now = time.monotonic()
+        for index, due in sorted(self._respawn_at.items()):
+            if due <= now:
+                del self._respawn_at[index]
+                self._replace(index)
+        if not self._respawn_at:
+            return None
+        return max(0.0, min(self._respawn_at.values()) - now)
+
+    def _replace(self, index: int) -> None:
+        """Start a worker in slot ``index``, or schedule another try if it cannot start."""
+        self.restarts += 1
+        try:
+            self._workers.append(self._spawn(index))
+        except OSError as exc:  # too many open files or processes: a transient shortage
+            log.error("could not start a replacement worker process: %s", exc)
+            self._failed_start(index)
+
+    def _failed_start(self, index: int) -> None:
+        failures = self._failed_starts.get(index, 0) + 1
+        self._failed_starts[index] = failures
+        delay = min(RESPAWN_DELAY * 2 ** (failures - 1), RESPAWN_DELAY_MAX)
+        self._respawn_at[index] = time.monotonic() + delay
+        log.error(
+            "a replacement worker process of %s could not start (%d time(s) in a row); trying "
+            "again in %.0fs. %d of %d worker processes run meanwhile%s",
+            self._name,
+            failures,
+            delay,
+            len(self._workers),
+            self.capacity,
+            "" if self._workers else ": no handler call runs until one starts",
+        )
 
     def _kill_cancelled(self) -> None:
         with self._lock:
@@ -367,6 +414,7 @@ class ProcessRunner:
                     done(WorkDone(batch, (error,) * len(context), value, now))
         elif kind == "ready":
             worker.ready = True
+            self._failed_starts.pop(worker.index, None)
         else:  # "load_failed": a replacement could not load the handler the first ones loaded
             log.error("a replacement worker process could not load the handler:\n%s", message[1])
 
@@ -408,6 +456,11 @@ class ProcessRunner:
         _close(worker)
         if stopping:
             return
+        if not worker.ready:
+            # It never loaded the handler (load_failed, or it died importing): a replacement
+            # started now would fail the same way, in a loop.
+            self._failed_start(worker.index)
+            return
         if not worker.killed:
             log.error(
                 "worker process %s (pid %s) exited with code %s; its calls are reported failed "
@@ -416,8 +469,7 @@ class ProcessRunner:
                 pid,
                 code,
             )
-        self.restarts += 1
-        self._workers.append(self._spawn(worker.index))
+        self._replace(worker.index)
 
     def _fail_outstanding(self, worker: _Worker, error: BaseException) -> None:
         now = self._clock.monotonic()

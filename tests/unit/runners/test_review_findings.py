@@ -459,13 +459,6 @@ def test_finding_6_no_handler_call_starts_after_close_returned_when_the_loop_was
 # -- finding 7: a replacement worker that cannot load the handler is respawned forever ----------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 7: a replacement worker that cannot load the handler sends load_failed and "
-    "exits with code 0; _exited treats that as a crash and spawns another, forever (a spawn "
-    "storm, an error logged each time, and with every worker gone no call ever runs, without "
-    "the consumer failing)",
-)
 def test_finding_7_a_replacement_that_cannot_load_the_handler_is_not_respawned_forever(tmp_path):
     # Given a one-process runner whose handler loaded fine at start
     marker = tmp_path / "module-gone"
