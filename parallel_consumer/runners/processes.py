@@ -39,7 +39,8 @@ from parallel_consumer.runners._process_worker import (
     DetachedRecord,
     RemoteError,
     WorkerCrashed,
-    portable_record,
+    pack_records,
+    unpack_result,
     worker_main,
 )
 from parallel_consumer.runners.base import CallCancelled, Handler
@@ -392,6 +393,13 @@ class ProcessRunner:
         except (EOFError, OSError):
             self._exited(worker)
             return
+        except Exception:  # pragma: no cover - messages hold only ints and bytes
+            # Never let it end the pool thread: end that worker (its calls report
+            # WorkerCrashed and are retried), and a replacement starts.
+            log.exception("unreadable message from worker process %s", worker.process.name)
+            _terminate(worker)
+            self._exited(worker)
+            return
         kind = message[0]
         if kind == "extend":
             context = worker.outstanding.get(message[1])
@@ -401,10 +409,11 @@ class ProcessRunner:
             now = self._clock.monotonic()
             done = self._done
             assert done is not None
-            for batch, value, error, failures in message[1]:
+            for batch, payload in message[1]:
                 context = worker.outstanding.pop(batch, None)
                 if context is None:  # pragma: no cover - already reported as failed
                     continue
+                value, error, failures = unpack_result(payload)
                 self._hooks.on_call_end(batch, context, error)
                 if error is None and failures:
                     # Failed one by one with PollContext.fail in the worker process.
@@ -508,13 +517,25 @@ class ProcessRunner:
                 chunk = [self._pending.popleft() for _ in range(share)]
             calls = []
             for batch, context in chunk:
+                try:
+                    records = pack_records(context.records)
+                except TypeError as exc:
+                    # It cannot travel, now or ever: it fails here, like a handler error, and
+                    # takes the failure path (retry, dead letter) without reaching a worker.
+                    self._report_unsent(batch, context, exc)
+                    continue
                 if self._call_timeout is not None:
                     context.extend_deadline(self._call_timeout)
                 hooks.on_call_start(batch, context)
                 worker.outstanding[batch] = context
-                calls.append((batch, tuple(portable_record(r) for r in context)))
+                calls.append((batch, records))
             # A failed send leaves the calls outstanding: the worker's exit reports them.
-            _send(worker, ("calls", calls))
+            if calls:
+                _send(worker, ("calls", calls))
+
+    def _report_unsent(self, batch: int, context: PollContext, error: BaseException) -> None:
+        assert self._done is not None
+        self._done(WorkDone(batch, (error,) * len(context), None, self._clock.monotonic()))
 
     def _spawn(self, index: int) -> _Worker:
         context: Any = self._context

@@ -370,14 +370,6 @@ def process_runner() -> Iterator[tuple[ProcessRunner, Results]]:
     runner.stop(1.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 5: a result that pickles in the worker but cannot be unpickled in the "
-    "parent makes recv() raise TypeError in the pool thread (_read catches only EOFError/"
-    "OSError): the pool thread dies, every worker is terminated and no call in flight or "
-    "submitted later ever reports",
-)
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_finding_5_a_result_that_cannot_be_unpickled_stops_the_process_runner(process_runner):
     runner, results = process_runner
     # Given a call whose handler returns a value that cannot be rebuilt in the parent
@@ -393,14 +385,6 @@ def test_finding_5_a_result_that_cannot_be_unpickled_stops_the_process_runner(pr
     assert [reported[b].errors for b in (0, 2, 3)] == [(None,)] * 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 5: a record that cannot be pickled (non-bytes value from a deserializing "
-    "consumer) makes _send raise in _ship: the pool thread dies and no call ever reports "
-    "again; one that pickles but cannot be unpickled kills the worker's receiver thread, and "
-    "that worker hangs forever holding its calls",
-)
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 @pytest.mark.parametrize(
     "bad_value",
     [threading.Lock(), Pair(1, 2)],
@@ -560,13 +544,6 @@ def test_finding_10_a_finished_result_is_not_held_back_by_the_next_call(process_
 # -- findings 5 and 10 through the engine: what a user of ParallelConsumer sees -----------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 5 (engine): after one return value that cannot be unpickled, the process "
-    "runner's pool thread is dead; the consumer stays RUNNING with failure None while no "
-    "record ever completes again",
-)
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_finding_5_engine_one_bad_return_value_silently_stops_the_consumer():
     # Given 10 records; the handler returns a value that cannot be unpickled for record 0
     cluster = FakeCluster()
