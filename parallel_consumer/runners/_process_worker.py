@@ -22,6 +22,7 @@ the rest of a message, it would fail the whole message, and with it the thread r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pickle
@@ -51,7 +52,8 @@ __all__ = [
 ]
 
 #: A worker sends what it finished once nothing more is waiting for it, or once its oldest
-#: unsent result is this old (so a slow call does not hold back the results before it).
+#: unsent result is this old (so a slow call does not hold back the results before it); a
+#: thread of its own sends them, so this holds while the next call runs.
 FLUSH_AFTER = 0.005
 
 #: What a call gave: returned value, raised error, per-record failures.
@@ -293,23 +295,87 @@ def worker_main(handler_bytes: bytes, tasks: Connection, results: Connection) ->
         target=_receive, args=(tasks, inbox, stopping), name="pc-task-receiver", daemon=True
     )
     receiver.start()
-    finished: list[Finished] = []
-    oldest = 0.0
-    while True:
-        if finished and (inbox.empty() or time.monotonic() - oldest >= FLUSH_AFTER):
-            with send_lock:
-                _send_results(results, finished)
-            finished = []
-        task = inbox.get()
-        if task is None or stopping.is_set():
-            if finished:
-                with send_lock:
-                    _send_results(results, finished)
+    outbox = _Outbox(results, send_lock)
+    try:
+        while True:
+            task = inbox.get()
+            if task is None or stopping.is_set():
+                return
+            batch, payload = task
+            result = _pack_result(_run(handler, batch, payload, results, send_lock))
+            # Nothing else waiting for this worker: no reason to gather more results first.
+            outbox.put((batch, result), urgent=inbox.empty())
+    finally:
+        outbox.close()
+
+
+class _Outbox:
+    """Results of finished calls on their way to the parent, in as few messages as possible and
+    none more than FLUSH_AFTER late. Owned by the worker's main thread, which sends them all at
+    once when the worker has nothing else to run; otherwise a timer thread sends them
+    FLUSH_AFTER after the first unsent one, so a result never waits for the call after it (a
+    thread of its own: unless that call keeps the GIL, in C code that never releases it).
+
+    The two threads meet only through queues: ``_finished`` (results not sent yet; a flush, by
+    either thread, takes all there are), ``_arm`` (main -> timer: flush at this time) and
+    ``_fired`` (timer -> main: an armed flush began, so a later result needs a new one). The
+    timer is armed once per FLUSH_AFTER window, not once per result: a result costs a queue put
+    and no thread switch.
+    """
+
+    def __init__(self, results: Connection, lock: threading.Lock) -> None:
+        self._results = results
+        self._lock = lock
+        self._finished: queue.SimpleQueue[Finished] = queue.SimpleQueue()
+        self._arm: queue.SimpleQueue[float | None] = queue.SimpleQueue()
+        self._fired: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._armed = False  # main thread only: a flush is armed and has not begun yet
+        self._timer = threading.Thread(target=self._run_timer, name="pc-result-timer", daemon=True)
+        self._timer.start()
+
+    def put(self, finished: Finished, *, urgent: bool) -> None:
+        self._finished.put(finished)
+        if urgent:
+            self._flush()
             return
-        batch, payload = task
-        if not finished:
-            oldest = time.monotonic()
-        finished.append((batch, _pack_result(_run(handler, batch, payload, results, send_lock))))
+        if self._armed:
+            try:
+                self._fired.get_nowait()
+            except queue.Empty:
+                return  # the armed flush has not begun: it will take this result too
+        self._armed = True
+        self._arm.put(time.monotonic() + FLUSH_AFTER)
+
+    def close(self) -> None:
+        """Send what is left, and end the timer thread."""
+        self._arm.put(None)
+        self._timer.join()
+        with contextlib.suppress(OSError):  # the parent is gone: nobody reads the results
+            self._flush()
+
+    def _flush(self) -> None:
+        finished: list[Finished] = []
+        while True:
+            try:
+                finished.append(self._finished.get_nowait())
+            except queue.Empty:
+                break
+        if finished:
+            with self._lock:
+                self._results.send(("done", finished))
+
+    def _run_timer(self) -> None:
+        while True:
+            due = self._arm.get()
+            if due is None:
+                return
+            time.sleep(max(0.0, due - time.monotonic()))
+            # Before the flush: a result put after this point gets a flush of its own.
+            self._fired.put(True)
+            try:
+                self._flush()
+            except OSError:
+                return  # the parent is gone
 
 
 def _run(
@@ -357,7 +423,3 @@ def _receive(
     except (EOFError, OSError):
         stopping.set()  # the parent is gone: nobody would read the results
     inbox.put(None)
-
-
-def _send_results(results: Connection, finished: list[Finished]) -> None:
-    results.send(("done", finished))

@@ -521,13 +521,6 @@ def test_finding_9_calls_terminated_at_stop_report_call_cancelled(process_runner
 # -- finding 10: a finished call's result waits in the worker for the whole next call ------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 10: worker_main flushes finished results only before taking the next call, "
-    "and only if the inbox is empty or the oldest result is 5 ms old; a call that finishes "
-    "while another waits in the worker is held back for the whole of that next call (forever "
-    "if it hangs), not 'at most 5 ms late' as cpu-bound.md says",
-)
 def test_finding_10_a_finished_result_is_not_held_back_by_the_next_call(process_runner):
     runner, results = process_runner
     # Given a call of 0.3 s and, queued behind it in the same worker, a call that runs long
@@ -571,12 +564,6 @@ def test_finding_5_engine_one_bad_return_value_silently_stops_the_consumer():
             pc.close(drain=False, timeout=0.5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 10 (engine): a record whose handler finished long before close's deadline "
-    "is reported failed at close (its result was still held in the worker behind a long "
-    "call), is not committed, and runs again",
-)
 def test_finding_10_engine_a_finished_record_is_not_committed_at_close():
     # Given record 0 (0.3 s) and record 1 (runs long), both shipped to the only worker
     cluster = FakeCluster()
