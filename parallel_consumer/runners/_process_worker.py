@@ -289,8 +289,10 @@ def worker_main(handler_bytes: bytes, tasks: Connection, results: Connection) ->
     send_lock = threading.Lock()
     inbox: queue.SimpleQueue[tuple[int, bytes] | None] = queue.SimpleQueue()
     stopping = threading.Event()
-    # A thread keeps reading the task pipe, so the parent's sends never wait for a call to end
-    # (and the two pipes can never both be full with each side waiting for the other).
+    # A thread keeps reading the task pipe, so the parent's writes do not wait for a call to
+    # end (and the two pipes can never both be full with each side waiting for the other).
+    # While a call keeps the GIL in C code, nothing here reads: the parent writes from a feeder
+    # thread per worker, so that holds up this worker's messages only.
     receiver = threading.Thread(
         target=_receive, args=(tasks, inbox, stopping), name="pc-task-receiver", daemon=True
     )

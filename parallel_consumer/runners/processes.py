@@ -8,9 +8,11 @@ module-level function (or another picklable callable), and a script that starts 
 do so under ``if __name__ == "__main__":`` (the child imports the main module again).
 
 One thread, ``<name>-proc-pool``, owns the workers: it ships calls to them, reads their results,
-and replaces a worker that died. To keep the cost per record low, calls and results travel in
-chunks: a worker holds up to ``PER_WORKER`` calls (one running, the others waiting in its own
-queue), several go in one message, and a worker sends back what it finished in one message.
+and replaces a worker that died. It never waits for a worker to read: each worker has a feeder
+thread (``<name>-proc-feed-<i>``) that writes its messages to its pipe. To keep the cost per
+record low, calls and results travel in chunks: a worker holds up to ``PER_WORKER`` calls (one
+running, the others waiting in its own queue), several go in one message, and a worker sends
+back what it finished in one message.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import math
 import multiprocessing
 import os
 import pickle
+import queue
 import threading
 import time
 from collections import deque
@@ -74,7 +77,10 @@ RESPAWN_DELAY_MAX = 300.0
 class _Worker:
     index: int
     process: BaseProcess
-    tasks: Connection  # parent -> worker
+    #: Messages for the worker, pickled, on their way to its task pipe (None: no more). Its
+    #: feeder thread owns the task pipe.
+    outbox: queue.SimpleQueue[bytes | None]
+    feeder: threading.Thread
     results: Connection  # worker -> parent
     #: Calls shipped and not reported yet, in shipping order.
     outstanding: dict[int, PollContext] = field(default_factory=dict)
@@ -547,11 +553,22 @@ class ProcessRunner:
             name=f"{self._name}-proc-{index}",
             daemon=True,
         )
-        process.start()
-        # Only the child keeps these ends: its exit then reads as the end of our pipe.
-        task_r.close()
-        result_w.close()
-        return _Worker(index, process, task_w, result_r)
+        try:
+            process.start()
+        except BaseException:
+            task_w.close()
+            result_r.close()
+            raise
+        finally:
+            # Only the child keeps these ends: its exit then reads as the end of our pipe.
+            task_r.close()
+            result_w.close()
+        outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        feeder = threading.Thread(
+            target=_feed, args=(task_w, outbox), name=f"{self._name}-proc-feed-{index}", daemon=True
+        )
+        feeder.start()
+        return _Worker(index, process, outbox, feeder, result_r)
 
     def __repr__(self) -> str:
         state = "open" if self._open else "stopped"
@@ -600,20 +617,39 @@ def _await_ready(worker: _Worker, deadline: float) -> str | None:
 
 
 def _send(worker: _Worker, message: tuple[Any, ...]) -> None:
+    """Queue ``message`` for ``worker``; never blocks. If the worker dies first, its sentinel
+    tells the pool thread, and its exit reports the calls it held."""
     if worker.closed:
         return
-    try:
-        worker.tasks.send(message)
-    except OSError:
-        worker.closed = True  # it died; its sentinel tells the pool thread
+    worker.outbox.put(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
     if message[0] == "stop":
         worker.closed = True
 
 
+def _feed(tasks: Connection, outbox: queue.SimpleQueue[bytes | None]) -> None:
+    """A worker's feeder thread: writes what the pool thread queued to the worker's task pipe.
+
+    The write blocks while the pipe is full, until the worker reads, and a worker whose handler
+    keeps the GIL (C code) reads nothing until that call ends: here it holds up this worker's
+    messages only, never the pool thread, which goes on reading every worker's results and
+    shipping to the others."""
+    try:
+        while (data := outbox.get()) is not None:
+            tasks.send_bytes(data)
+    except OSError:
+        pass  # the worker died: its sentinel tells the pool thread
+    finally:
+        tasks.close()
+
+
 def _close(worker: _Worker) -> None:
-    """Release the pipes and the process object (the process has exited or was terminated)."""
+    """Release the pipes, the feeder thread and the process object (the process has exited or
+    was terminated: a write the feeder is blocked in fails at once)."""
     worker.closed = True
-    worker.tasks.close()
+    worker.outbox.put(None)
+    worker.feeder.join(KILL_GRACE)
+    if worker.feeder.is_alive():  # pragma: no cover - only while the process still runs
+        log.warning("the feeder thread of worker process %s did not end", worker.process.name)
     worker.results.close()
     with contextlib.suppress(ValueError):  # still running: only terminate() may end it
         worker.process.close()

@@ -590,14 +590,6 @@ def test_finding_10_engine_a_finished_record_is_not_committed_at_close():
 # -- finding 11: one worker in GIL-holding code blocks the pool thread and so every worker -------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 11: the pool thread ships with a blocking Connection.send; a message "
-    "larger than the pipe buffer (64 KiB) to a worker whose handler holds the GIL (C code) "
-    "blocks the pool thread until that call ends: no result of any other worker is read and "
-    "nothing else is shipped meanwhile (worker_main's 'the parent's sends never wait for a "
-    "call to end' does not hold)",
-)
 def test_finding_11_a_worker_holding_the_gil_does_not_stall_the_other_workers():
     arrivals: dict[int, float] = {}
 
