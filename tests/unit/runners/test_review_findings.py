@@ -1,8 +1,8 @@
 """Reproducers of an adversarial review of the asyncio and process runners (review-13).
 
 Each test states a guarantee the docs or the runner contract (``runners/base.py``) make, and
-fails on the code as it was reviewed: each is marked ``xfail(strict=True)`` so the suite stays
-green and the fix flips it. Handlers the process runner uses are module-level functions: worker
+failed on the code as it was reviewed (each was marked ``xfail(strict=True)`` until its fix);
+they stay as regression tests. Handlers the process runner uses are module-level functions: worker
 processes are spawned and import them by name.
 """
 
