@@ -340,6 +340,8 @@ class ProcessRunner:
 
     def _respawn_due(self) -> float | None:
         """Start the replacements whose wait is over; returns how soon the next one is due."""
+        if not self._respawn_at:
+            return None
         now = time.monotonic()
         for index, due in sorted(self._respawn_at.items()):
             if due <= now:
