@@ -463,6 +463,27 @@ def test_finding_7_a_replacement_that_cannot_load_the_handler_is_not_respawned_f
         runner.stop(1.0)
 
 
+def test_finding_7_a_replacement_that_cannot_be_spawned_is_tried_again_later(tmp_path, monkeypatch):
+    # Given a one-process runner that started fine
+    results = Results()
+    runner = ProcessRunner(1, SystemClock(), name="review")
+    runner.start(Reloadable(str(tmp_path / "absent")), results)
+    try:
+        # When its worker crashes and no process can be started any more (EMFILE)
+        def no_spawn(self: ProcessRunner, index: int) -> Any:
+            raise OSError(24, "Too many open files")
+
+        monkeypatch.setattr(ProcessRunner, "_spawn", no_spawn)
+        runner.submit(0, context(0, b"crash"))
+        assert sorted(results.take(1, timeout=10.0)) == [0]
+        # Then the pool thread lives on (one try now, the next one later) and stops cleanly
+        assert wait_until(lambda: runner.restarts == 1, timeout=5.0)
+        assert runner._thread is not None
+        assert runner._thread.is_alive()
+    finally:
+        runner.stop(1.0)
+
+
 # -- finding 8: a worker that cannot be spawned: a raw OSError, and the others left running ----
 
 
