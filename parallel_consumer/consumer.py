@@ -6,7 +6,6 @@ check of the configuration). Only this module constructs components.
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import logging
 import os
@@ -34,7 +33,7 @@ from parallel_consumer.hooks import Hooks, guarded
 from parallel_consumer.options import Options, RunnerKind
 from parallel_consumer.produce import ProduceResult
 from parallel_consumer.runners.asyncio_loop import AsyncioRunner
-from parallel_consumer.runners.base import Runner
+from parallel_consumer.runners.base import Runner, handler_kind
 from parallel_consumer.runners.processes import ProcessRunner, pickled_handler
 from parallel_consumer.runners.threads import ThreadRunner
 from parallel_consumer.status import Lifecycle, Statistics
@@ -132,13 +131,6 @@ def _transactional_id(prefix: str, consumer_config: Mapping[str, Any]) -> str:
 
 
 _transactional_ids = itertools.count(1)
-
-
-def _is_async(handler: Callable[..., object]) -> bool:
-    """An ``async def`` function, a partial of one, or an object whose ``__call__`` is one."""
-    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
-        getattr(handler, "__call__", None)  # noqa: B004 - the method, not callable()
-    )
 
 
 class ParallelConsumer:
@@ -246,7 +238,15 @@ class ParallelConsumer:
     def _runner_kind_for(self, handler: Callable[..., object]) -> RunnerKind:
         """The runner ``handler`` needs, or a ConfigurationError if ``Options.runner`` says
         otherwise."""
-        is_async = _is_async(handler)
+        found = handler_kind(handler)
+        if found == "async-generator":
+            raise ConfigurationError(
+                f"{handler!r} is an async generator function (an async def containing "
+                "'yield'): calling it runs nothing until it is iterated, so its records would "
+                "never be processed. A handler returns (or, async def, awaits and returns) "
+                "its result: remove the yield"
+            )
+        is_async = found == "async"
         kind = self._options.runner
         if kind is None:
             return RunnerKind.ASYNCIO if is_async else RunnerKind.THREADS

@@ -6,15 +6,23 @@ Records travel as plain tuples (:func:`portable_record`), rebuilt in the worker 
 (:func:`portable_error`): one that would not survive pickling becomes a :class:`RemoteError`
 that keeps its type name and message.
 
-Messages, parent -> worker: ``("calls", [(batch, (record tuple, ...)), ...])`` and ``("stop",)``.
+Messages, parent -> worker: ``("calls", [(batch, records), ...])`` and ``("stop",)``.
 Worker -> parent: ``("ready", pid)``, ``("load_failed", text)``,
-``("done", [(batch, value, error, failures), ...])``, where ``failures`` maps the index of
-each record the handler failed with ``PollContext.fail`` to its (portable) exception, and
-``("extend", batch, seconds)`` (a handler's ``ctx.extend_deadline``).
+``("done", [(batch, result), ...])`` and ``("extend", batch, seconds)`` (a handler's
+``ctx.extend_deadline``). ``records`` is the call's record tuples and ``result`` its
+``(value, error, failures)``, where ``failures`` maps the index of each record the handler
+failed with ``PollContext.fail`` to its (portable) exception.
+
+``records`` and ``result`` travel pickled on their own (:func:`pack_records`,
+:func:`unpack_result`...), inside messages of plain ints and bytes: a user value that cannot be
+pickled, or pickles but cannot be rebuilt on the other side (a class whose constructor wants
+other arguments than its pickled state), fails its own call and nothing else. Unpickled with
+the rest of a message, it would fail the whole message, and with it the thread reading it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pickle
@@ -23,6 +31,7 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from datetime import datetime
 from multiprocessing.connection import Connection
 from typing import Any
@@ -33,18 +42,24 @@ from parallel_consumer.errors import DeadLetter, ParallelConsumerError
 __all__ = [
     "DetachedRecord",
     "RemoteError",
+    "Result",
     "WorkerCrashed",
+    "pack_records",
     "portable_error",
     "portable_record",
+    "unpack_result",
     "worker_main",
 ]
 
 #: A worker sends what it finished once nothing more is waiting for it, or once its oldest
-#: unsent result is this old (so a slow call does not hold back the results before it).
+#: unsent result is this old (so a slow call does not hold back the results before it); a
+#: thread of its own sends them, so this holds while the next call runs.
 FLUSH_AFTER = 0.005
 
-#: What a worker reports per call: batch, returned value, raised error, per-record failures.
-Finished = tuple[int, object, BaseException | None, dict[int, BaseException]]
+#: What a call gave: returned value, raised error, per-record failures.
+Result = tuple[object, BaseException | None, dict[int, BaseException]]
+#: What a worker reports per call: batch, and its Result pickled.
+Finished = tuple[int, bytes]
 
 RecordTuple = tuple[str, int, int, Any, Any, Any, Any, int, BaseException | None, datetime | None]
 
@@ -116,6 +131,63 @@ def portable_record(record: RecordContext) -> RecordTuple:
         None if failure is None else portable_error(failure),
         record.last_failure_at,
     )
+
+
+def pack_records(records: Sequence[RecordContext]) -> bytes:
+    """The records of one call, pickled for a worker; a TypeError saying what to do if they
+    cannot be."""
+    try:
+        return pickle.dumps(tuple(portable_record(r) for r in records), pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        first = records[0].message if records else None
+        where = "" if first is None else f" ({first.topic()}[{first.partition()}]@{first.offset()})"
+        raise TypeError(
+            f"a record of this call{where} cannot be sent to a worker process of "
+            f"runner='process': its key, value or headers cannot be pickled ({exc!r}). The "
+            "process runner needs records that pickle: the bytes the Kafka client returns do, "
+            "so deserialize in the handler"
+        ) from exc
+
+
+def _unpack_records(payload: bytes) -> tuple[RecordTuple, ...]:
+    try:
+        return pickle.loads(payload)  # type: ignore[no-any-return]
+    except Exception as exc:
+        raise TypeError(
+            f"the records of this call were pickled in the parent but cannot be rebuilt in the "
+            f"worker process ({exc!r}): a key, value or header of a class whose constructor "
+            "wants other arguments than its pickled state (define __reduce__ or "
+            "__getnewargs__), or one the worker cannot import"
+        ) from exc
+
+
+def _pack_result(result: Result) -> bytes:
+    try:
+        return pickle.dumps(result, pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        value, _, failures = result
+        failure = RemoteError(
+            "TypeError",
+            f"the handler returned a {_type_name(value)}, which cannot be pickled back from "
+            f"the worker process ({exc}); return None or picklable data",
+        )
+        return pickle.dumps((None, failure, failures), pickle.HIGHEST_PROTOCOL)
+
+
+def unpack_result(payload: bytes) -> Result:
+    """A call's result, as the worker pickled it; if it cannot be rebuilt here, the call
+    fails with a TypeError saying why."""
+    try:
+        return pickle.loads(payload)  # type: ignore[no-any-return]
+    except Exception as exc:
+        error = TypeError(
+            "the handler's return value (or exception) was pickled in the worker process but "
+            f"cannot be rebuilt in the parent ({exc!r}): a class whose constructor wants other "
+            "arguments than its pickled state (define __reduce__ or __getnewargs__), or one the "
+            "parent cannot import; return None or plain data"
+        )
+        error.__cause__ = exc
+        return None, error, {}
 
 
 class _DetachedMessage:
@@ -215,46 +287,121 @@ def worker_main(handler_bytes: bytes, tasks: Connection, results: Connection) ->
     results.send(("ready", os.getpid()))
     # The handler (or a thread it started) may send keep-alives while results go out.
     send_lock = threading.Lock()
-    inbox: queue.SimpleQueue[tuple[int, tuple[RecordTuple, ...]] | None] = queue.SimpleQueue()
+    inbox: queue.SimpleQueue[tuple[int, bytes] | None] = queue.SimpleQueue()
     stopping = threading.Event()
-    # A thread keeps reading the task pipe, so the parent's sends never wait for a call to end
-    # (and the two pipes can never both be full with each side waiting for the other).
+    # A thread keeps reading the task pipe, so the parent's writes do not wait for a call to
+    # end (and the two pipes can never both be full with each side waiting for the other).
+    # While a call keeps the GIL in C code, nothing here reads: the parent writes from a feeder
+    # thread per worker, so that holds up this worker's messages only.
     receiver = threading.Thread(
         target=_receive, args=(tasks, inbox, stopping), name="pc-task-receiver", daemon=True
     )
     receiver.start()
-    finished: list[Finished] = []
-    oldest = 0.0
-    while True:
-        if finished and (inbox.empty() or time.monotonic() - oldest >= FLUSH_AFTER):
-            with send_lock:
-                _send_results(results, finished)
-            finished = []
-        task = inbox.get()
-        if task is None or stopping.is_set():
-            if finished:
-                with send_lock:
-                    _send_results(results, finished)
+    outbox = _Outbox(results, send_lock)
+    try:
+        while True:
+            task = inbox.get()
+            if task is None or stopping.is_set():
+                return
+            batch, payload = task
+            result = _pack_result(_run(handler, batch, payload, results, send_lock))
+            # Nothing else waiting for this worker: no reason to gather more results first.
+            outbox.put((batch, result), urgent=inbox.empty())
+    finally:
+        outbox.close()
+
+
+class _Outbox:
+    """Results of finished calls on their way to the parent, in as few messages as possible and
+    none more than FLUSH_AFTER late. Owned by the worker's main thread, which sends them all at
+    once when the worker has nothing else to run; otherwise a timer thread sends them
+    FLUSH_AFTER after the first unsent one, so a result never waits for the call after it (a
+    thread of its own: unless that call keeps the GIL, in C code that never releases it).
+
+    The two threads meet only through queues: ``_finished`` (results not sent yet; a flush, by
+    either thread, takes all there are), ``_arm`` (main -> timer: flush at this time) and
+    ``_fired`` (timer -> main: an armed flush began, so a later result needs a new one). The
+    timer is armed once per FLUSH_AFTER window, not once per result: a result costs a queue put
+    and no thread switch.
+    """
+
+    def __init__(self, results: Connection, lock: threading.Lock) -> None:
+        self._results = results
+        self._lock = lock
+        self._finished: queue.SimpleQueue[Finished] = queue.SimpleQueue()
+        self._arm: queue.SimpleQueue[float | None] = queue.SimpleQueue()
+        self._fired: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._armed = False  # main thread only: a flush is armed and has not begun yet
+        self._timer = threading.Thread(target=self._run_timer, name="pc-result-timer", daemon=True)
+        self._timer.start()
+
+    def put(self, finished: Finished, *, urgent: bool) -> None:
+        self._finished.put(finished)
+        if urgent:
+            self._flush()
             return
-        batch, records = task
-        context = PollContext(
-            [DetachedRecord.from_tuple(r) for r in records],
-            keep_alive=functools.partial(_keep_alive, results, send_lock, batch),
-        )
-        value: object = None
-        error: BaseException | None = None
-        try:
-            value = handler(context)
-        except BaseException as exc:  # SystemExit too: it fails the call, not the worker
-            error = portable_error(exc)
-        failures = (
-            {i: portable_error(e) for i, e in context.failures.items()}
-            if context.has_failures
-            else {}
-        )
-        if not finished:
-            oldest = time.monotonic()
-        finished.append((batch, value, error, failures))
+        if self._armed:
+            try:
+                self._fired.get_nowait()
+            except queue.Empty:
+                return  # the armed flush has not begun: it will take this result too
+        self._armed = True
+        self._arm.put(time.monotonic() + FLUSH_AFTER)
+
+    def close(self) -> None:
+        """Send what is left, and end the timer thread."""
+        self._arm.put(None)
+        self._timer.join()
+        with contextlib.suppress(OSError):  # the parent is gone: nobody reads the results
+            self._flush()
+
+    def _flush(self) -> None:
+        finished: list[Finished] = []
+        while True:
+            try:
+                finished.append(self._finished.get_nowait())
+            except queue.Empty:
+                break
+        if finished:
+            with self._lock:
+                self._results.send(("done", finished))
+
+    def _run_timer(self) -> None:
+        while True:
+            due = self._arm.get()
+            if due is None:
+                return
+            time.sleep(max(0.0, due - time.monotonic()))
+            # Before the flush: a result put after this point gets a flush of its own.
+            self._fired.put(True)
+            try:
+                self._flush()
+            except OSError:
+                return  # the parent is gone
+
+
+def _run(
+    handler: Any, batch: int, payload: bytes, results: Connection, send_lock: threading.Lock
+) -> Result:
+    """One call: its records rebuilt, then the handler."""
+    try:
+        records = _unpack_records(payload)
+    except TypeError as exc:
+        return None, portable_error(exc), {}
+    context = PollContext(
+        [DetachedRecord.from_tuple(r) for r in records],
+        keep_alive=functools.partial(_keep_alive, results, send_lock, batch),
+    )
+    value: object = None
+    error: BaseException | None = None
+    try:
+        value = handler(context)
+    except BaseException as exc:  # SystemExit too: it fails the call, not the worker
+        error = portable_error(exc)
+    failures = (
+        {i: portable_error(e) for i, e in context.failures.items()} if context.has_failures else {}
+    )
+    return value, error, failures
 
 
 def _keep_alive(results: Connection, lock: threading.Lock, batch: int, seconds: float) -> None:
@@ -264,7 +411,7 @@ def _keep_alive(results: Connection, lock: threading.Lock, batch: int, seconds: 
 
 def _receive(
     tasks: Connection,
-    inbox: queue.SimpleQueue[tuple[int, tuple[RecordTuple, ...]] | None],
+    inbox: queue.SimpleQueue[tuple[int, bytes] | None],
     stopping: threading.Event,
 ) -> None:
     try:
@@ -278,32 +425,3 @@ def _receive(
     except (EOFError, OSError):
         stopping.set()  # the parent is gone: nobody would read the results
     inbox.put(None)
-
-
-def _send_results(results: Connection, finished: list[Finished]) -> None:
-    try:
-        results.send(("done", finished))
-    except OSError:
-        raise  # the parent is gone
-    except Exception:
-        # Some value cannot be pickled (nothing was written): send the others, and fail the
-        # calls whose values cannot travel.
-        results.send(("done", [_checked(item) for item in finished]))
-
-
-def _checked(item: Finished) -> Finished:
-    batch, value, _, failures = item
-    try:
-        pickle.dumps(value)
-    except Exception as exc:
-        return (
-            batch,
-            None,
-            RemoteError(
-                "TypeError",
-                f"the handler returned a {_type_name(value)}, which cannot be pickled back from "
-                f"the worker process ({exc}); return None or picklable data",
-            ),
-            failures,
-        )
-    return item

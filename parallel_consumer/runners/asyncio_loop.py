@@ -22,7 +22,7 @@ from parallel_consumer._clock import Clock
 from parallel_consumer._events import WorkDone
 from parallel_consumer.context import PollContext
 from parallel_consumer.hooks import Hooks, NoHooks
-from parallel_consumer.runners.base import CallCancelled, Handler
+from parallel_consumer.runners.base import CallCancelled, Handler, not_a_result
 
 __all__ = ["AsyncioRunner"]
 
@@ -74,6 +74,7 @@ class AsyncioRunner:
         self._running: dict[int, asyncio.Task[_Result]] = {}
         self._reasons: dict[int, BaseException] = {}
         self._last_lag_warning = -LAG_WARNING_EVERY
+        self._halted = False  # set by stop(), through the loop: the loop is to end
         #: How often the loop was found blocked for longer than LAG_WARNING.
         self.blocked_loop_count = 0
 
@@ -144,7 +145,7 @@ class AsyncioRunner:
             )
         finally:
             with contextlib.suppress(RuntimeError):  # already closed
-                loop.call_soon_threadsafe(loop.stop)
+                loop.call_soon_threadsafe(self._halt)
             thread.join(CANCEL_GRACE)
         return in_time
 
@@ -160,17 +161,53 @@ class AsyncioRunner:
 
     def _run_loop(self, loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
         asyncio.set_event_loop(loop)
+        # Our own executor for run_in_executor(None, ...) and asyncio.to_thread, so the loop
+        # can end without waiting for its threads: a blocking call cannot be interrupted, and
+        # loop.shutdown_default_executor() would keep this thread (and the loop) alive after
+        # close() for as long as one runs. Like a thread runner's call, it finishes on its own;
+        # its result goes nowhere (its task was cancelled and the loop is closed).
+        blocking = concurrent.futures.ThreadPoolExecutor(
+            thread_name_prefix=f"{self._name}-aio-blocking"
+        )
+        loop.set_default_executor(blocking)
         loop.call_soon(ready.set)
         loop.call_soon(self._watch_lag, loop.time())
         try:
-            loop.run_forever()
+            self._run_until_halted(loop)
         finally:
             try:
                 loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.run_until_complete(loop.shutdown_default_executor())
             finally:
+                blocking.shutdown(wait=False, cancel_futures=True)
                 asyncio.set_event_loop(None)
                 loop.close()
+
+    def _run_until_halted(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run the loop until :meth:`_halt`, whatever escapes it meanwhile.
+
+        asyncio lets SystemExit and KeyboardInterrupt out of ``run_forever`` when a task raises
+        them, even a task nobody here created: ``wait_for``, ``gather`` and ``create_task`` in a
+        handler wrap its coroutines in tasks, and ``sys.exit()`` in one would end this thread
+        and strand every call in flight. The task still holds the exception, so whoever awaits
+        it (the handler) gets it, and :func:`_call` makes it the failure of that one call; the
+        loop resumes where it stopped (the callbacks not run yet are still queued)."""
+        while True:
+            try:
+                loop.run_forever()
+            except (SystemExit, KeyboardInterrupt) as exc:
+                log.error(
+                    "%r escaped a task on the event loop %s-aio-loop; the call that awaited "
+                    "it fails, the others go on",
+                    exc,
+                    self._name,
+                )
+            if self._halted:
+                return
+
+    def _halt(self) -> None:
+        self._halted = True
+        assert self._loop is not None
+        self._loop.stop()
 
     def _on_wake(self) -> None:
         with self._lock:
@@ -288,6 +325,8 @@ async def _call(handler: Handler, context: PollContext, is_open: Callable[[], bo
         result = handler(context)
         if inspect.isawaitable(result):
             result = await result
+        elif (wrong := not_a_result(result)) is not None:
+            return None, wrong  # an async generator: nothing ran
         return result, None
     except asyncio.CancelledError as exc:
         task = asyncio.current_task()

@@ -18,18 +18,29 @@ The contract every runner keeps:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol
+import functools
+import inspect
+import types
+from collections.abc import Callable, Iterator
+from typing import Literal, Protocol
 
 from parallel_consumer._events import WorkDone
 from parallel_consumer.context import PollContext
 from parallel_consumer.errors import ParallelConsumerError
 
-__all__ = ["CallCancelled", "Handler", "Runner"]
+__all__ = ["CallCancelled", "Handler", "HandlerKind", "Runner", "handler_kind", "not_a_result"]
 
 #: A plain function for the thread and process runners; an ``async def`` function (returning an
 #: awaitable) for the asyncio runner.
 Handler = Callable[[PollContext], object]
+
+#: What calling a handler gives: a result ("plain"), a coroutine to await ("async"), or an
+#: async generator ("async-generator"), which is no valid handler.
+HandlerKind = Literal["plain", "async", "async-generator"]
+
+#: How far :func:`handler_kind` follows wrappers (a guard against objects that answer any
+#: attribute, such as mocks, whose ``__wrapped__`` chain never ends).
+_MAX_UNWRAP = 100
 
 
 class CallCancelled(ParallelConsumerError):
@@ -75,3 +86,59 @@ class Runner(Protocol):
         running; such calls report :class:`CallCancelled`). False if some did not end in
         time."""
         ...
+
+
+def handler_kind(handler: Callable[..., object]) -> HandlerKind:
+    """Whether ``handler`` is an ``async def`` function, found through what usually hides one:
+    a ``functools.partial``, a bound method, an object whose ``__call__`` is ``async def``, and a
+    synchronous decorator that kept ``__wrapped__`` (``functools.wraps``), as logging, metrics
+    and tracing decorators do. Such a wrapper returns the coroutine of the function it wraps, so
+    the handler must be awaited: run as a plain function, its body would never run while its
+    records commit."""
+    for candidate in _unwrapped(handler):
+        if inspect.isasyncgenfunction(candidate):
+            return "async-generator"
+        if inspect.iscoroutinefunction(candidate):
+            return "async"
+    return "plain"
+
+
+def _unwrapped(handler: object) -> Iterator[object]:
+    """``handler``, then each callable it wraps, outermost first."""
+    current: object = handler
+    for _ in range(_MAX_UNWRAP):
+        yield current
+        if isinstance(current, functools.partial):
+            current = current.func
+        elif isinstance(current, types.MethodType):
+            current = current.__func__
+        elif (wrapped := getattr(current, "__wrapped__", None)) is not None:
+            current = wrapped
+        elif not inspect.isroutine(current) and not isinstance(current, type):
+            # A callable object: what runs is its __call__ (looked up on the type, like a call).
+            call = getattr(type(current), "__call__", None)  # noqa: B004 - the method itself
+            if call is None:
+                return
+            current = call
+        else:
+            return
+
+
+def not_a_result(value: object) -> TypeError | None:
+    """The error for a call that returned a coroutine or an async generator, which no runner
+    can take as its result: an async handler :func:`handler_kind` could not see (a lambda or a
+    wrapper without ``__wrapped__`` around an ``async def``) on the thread runner, or an async
+    generator. Its body never ran, so the call must fail rather than commit its records. A
+    coroutine is closed here, so it does not warn that it was never awaited."""
+    if inspect.iscoroutine(value):
+        value.close()
+        what = "a coroutine: it is async and must run on the asyncio runner"
+    elif inspect.isasyncgen(value):
+        what = "an async generator (an async def containing 'yield'): remove the yield"
+    else:
+        return None
+    return TypeError(
+        f"the handler returned {what}; its body never ran. Register the async def function "
+        "itself (or keep functools.wraps on a decorator around it), so the asyncio runner "
+        "awaits it"
+    )

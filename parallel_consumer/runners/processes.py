@@ -8,9 +8,11 @@ module-level function (or another picklable callable), and a script that starts 
 do so under ``if __name__ == "__main__":`` (the child imports the main module again).
 
 One thread, ``<name>-proc-pool``, owns the workers: it ships calls to them, reads their results,
-and replaces a worker that died. To keep the cost per record low, calls and results travel in
-chunks: a worker holds up to ``PER_WORKER`` calls (one running, the others waiting in its own
-queue), several go in one message, and a worker sends back what it finished in one message.
+and replaces a worker that died. It never waits for a worker to read: each worker has a feeder
+thread (``<name>-proc-feed-<i>``) that writes its messages to its pipe. To keep the cost per
+record low, calls and results travel in chunks: a worker holds up to ``PER_WORKER`` calls (one
+running, the others waiting in its own queue), several go in one message, and a worker sends
+back what it finished in one message.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import math
 import multiprocessing
 import os
 import pickle
+import queue
 import threading
 import time
 from collections import deque
@@ -39,7 +42,8 @@ from parallel_consumer.runners._process_worker import (
     DetachedRecord,
     RemoteError,
     WorkerCrashed,
-    portable_record,
+    pack_records,
+    unpack_result,
     worker_main,
 )
 from parallel_consumer.runners.base import CallCancelled, Handler
@@ -62,13 +66,21 @@ PER_WORKER = 8
 START_TIMEOUT = 60.0
 #: After stop's timeout, how long a terminated worker may take to exit before it is killed.
 KILL_GRACE = 1.0
+#: A replacement worker that exits before it loaded the handler is started again after this
+#: many seconds, doubling with each failure in a row up to RESPAWN_DELAY_MAX: the cause (the
+#: handler's module changed or broke under a running consumer) rarely goes away by itself.
+RESPAWN_DELAY = 10.0
+RESPAWN_DELAY_MAX = 300.0
 
 
 @dataclass(eq=False)
 class _Worker:
     index: int
     process: BaseProcess
-    tasks: Connection  # parent -> worker
+    #: Messages for the worker, pickled, on their way to its task pipe (None: no more). Its
+    #: feeder thread owns the task pipe.
+    outbox: queue.SimpleQueue[bytes | None]
+    feeder: threading.Thread
     results: Connection  # worker -> parent
     #: Calls shipped and not reported yet, in shipping order.
     outstanding: dict[int, PollContext] = field(default_factory=dict)
@@ -77,6 +89,8 @@ class _Worker:
     closed: bool = False
     #: Terminated by the pool because a call it held was cancelled (its deadline passed).
     killed: bool = False
+    #: Terminated by the pool because stop's timeout ran out: its calls were cancelled.
+    cut_off: bool = False
 
 
 class ProcessRunner:
@@ -126,6 +140,10 @@ class ProcessRunner:
         self._thread: threading.Thread | None = None
         # -- pool thread only (after start) --
         self._workers: list[_Worker] = []
+        #: Worker slots whose replacement failed to start: when to try again.
+        self._respawn_at: dict[int, float] = {}
+        #: Failed starts in a row per worker slot (reset once a worker loads the handler).
+        self._failed_starts: dict[int, int] = {}
         self._stop_sent = False
         self._in_time = True
         #: Worker processes started to replace one that died.
@@ -137,22 +155,46 @@ class ProcessRunner:
         """Start the workers and wait until each has loaded the handler."""
         self._handler_bytes = pickled_handler(handler)
         self._done = done
-        self._wake_r, self._wake_w = self._context.Pipe(duplex=False)
-        workers = [self._spawn(index) for index in range(self.capacity)]
-        deadline = time.monotonic() + START_TIMEOUT
-        for worker in workers:
-            problem = _await_ready(worker, deadline)
-            if problem is not None:
-                for w in workers:
-                    _terminate(w)
-                    _close(w)
-                self._close_wake()
-                raise ConfigurationError(f"runner='process': {problem}")
+        workers: list[_Worker] = []
+        try:
+            self._wake_r, self._wake_w = self._context.Pipe(duplex=False)
+            # Every worker is started before any is awaited: they load the handler in parallel.
+            # One by one, so the clean-up below knows every worker started before a failure.
+            for index in range(self.capacity):
+                workers.append(self._spawn(index))  # noqa: PERF401
+            deadline = time.monotonic() + START_TIMEOUT
+            problem: str | None = None
+            for worker in workers:
+                problem = _await_ready(worker, deadline)
+                if problem is not None:
+                    break
+        except OSError as exc:  # too many open files or processes (EMFILE, EAGAIN), ...
+            problem = (
+                f"could not start the worker processes ({len(workers)} of {self.capacity} "
+                f"started): {exc}. Lower Options.processes, or raise the limit on open files "
+                "and processes"
+            )
+            cause: BaseException | None = exc
+        except BaseException:
+            self._abandon_start(workers)
+            raise
+        else:
+            cause = None
+        if problem is not None:
+            self._abandon_start(workers)
+            raise ConfigurationError(f"runner='process': {problem}") from cause
         self._workers = workers
         self._thread = threading.Thread(
             target=self._serve, name=f"{self._name}-proc-pool", daemon=True
         )
         self._thread.start()
+
+    def _abandon_start(self, workers: list[_Worker]) -> None:
+        """A start that failed leaves nothing running."""
+        for worker in workers:
+            _terminate(worker)
+            _close(worker)
+        self._close_wake()
 
     def submit(self, batch: int, context: PollContext) -> None:
         with self._lock:
@@ -251,10 +293,12 @@ class ProcessRunner:
             if timeout <= 0:
                 self._terminate_after_timeout()
                 return False
-        elif self._call_timeout is not None:
-            keep_alive = self._keep_queued_alive(self._call_timeout)
-            if keep_alive is not None:
-                timeout = keep_alive
+        else:
+            if self._call_timeout is not None:
+                timeout = self._keep_queued_alive(self._call_timeout)
+            respawn = self._respawn_due()
+            if respawn is not None and (timeout is None or respawn < timeout):
+                timeout = respawn
         owners: dict[Any, _Worker] = {}
         for worker in self._workers:
             owners[worker.results] = worker
@@ -294,6 +338,44 @@ class ProcessRunner:
                 context.extend_deadline(call_timeout)
         return max(0.0, self._next_keep_alive - now)
 
+    def _respawn_due(self) -> float | None:
+        """Start the replacements whose wait is over; returns how soon the next one is due."""
+        if not self._respawn_at:
+            return None
+        now = time.monotonic()
+        for index, due in sorted(self._respawn_at.items()):
+            if due <= now:
+                del self._respawn_at[index]
+                self._replace(index)
+        if not self._respawn_at:
+            return None
+        return max(0.0, min(self._respawn_at.values()) - now)
+
+    def _replace(self, index: int) -> None:
+        """Start a worker in slot ``index``, or schedule another try if it cannot start."""
+        self.restarts += 1
+        try:
+            self._workers.append(self._spawn(index))
+        except OSError as exc:  # too many open files or processes: a transient shortage
+            log.error("could not start a replacement worker process: %s", exc)
+            self._failed_start(index)
+
+    def _failed_start(self, index: int) -> None:
+        failures = self._failed_starts.get(index, 0) + 1
+        self._failed_starts[index] = failures
+        delay = min(RESPAWN_DELAY * 2 ** (failures - 1), RESPAWN_DELAY_MAX)
+        self._respawn_at[index] = time.monotonic() + delay
+        log.error(
+            "a replacement worker process of %s could not start (%d time(s) in a row); trying "
+            "again in %.0fs. %d of %d worker processes run meanwhile%s",
+            self._name,
+            failures,
+            delay,
+            len(self._workers),
+            self.capacity,
+            "" if self._workers else ": no handler call runs until one starts",
+        )
+
     def _kill_cancelled(self) -> None:
         with self._lock:
             kills, self._kills = self._kills, []
@@ -319,6 +401,13 @@ class ProcessRunner:
         except (EOFError, OSError):
             self._exited(worker)
             return
+        except Exception:  # pragma: no cover - messages hold only ints and bytes
+            # Never let it end the pool thread: end that worker (its calls report
+            # WorkerCrashed and are retried), and a replacement starts.
+            log.exception("unreadable message from worker process %s", worker.process.name)
+            _terminate(worker)
+            self._exited(worker)
+            return
         kind = message[0]
         if kind == "extend":
             context = worker.outstanding.get(message[1])
@@ -328,10 +417,11 @@ class ProcessRunner:
             now = self._clock.monotonic()
             done = self._done
             assert done is not None
-            for batch, value, error, failures in message[1]:
+            for batch, payload in message[1]:
                 context = worker.outstanding.pop(batch, None)
                 if context is None:  # pragma: no cover - already reported as failed
                     continue
+                value, error, failures = unpack_result(payload)
                 self._hooks.on_call_end(batch, context, error)
                 if error is None and failures:
                     # Failed one by one with PollContext.fail in the worker process.
@@ -341,6 +431,7 @@ class ProcessRunner:
                     done(WorkDone(batch, (error,) * len(context), value, now))
         elif kind == "ready":
             worker.ready = True
+            self._failed_starts.pop(worker.index, None)
         else:  # "load_failed": a replacement could not load the handler the first ones loaded
             log.error("a replacement worker process could not load the handler:\n%s", message[1])
 
@@ -365,17 +456,27 @@ class ProcessRunner:
             # A clean stop: what it still held never started, and is not reported.
             _close(worker)
             return
-        why = "was terminated (a call it held was cancelled)" if worker.killed else "exited"
-        self._fail_outstanding(
-            worker,
-            WorkerCrashed(
+        error: BaseException
+        if worker.cut_off:
+            error = CallCancelled(
+                f"worker process {pid} was stopped at close while it ran this call or held it "
+                "queued"
+            )
+        else:
+            why = "was terminated (a call it held was cancelled)" if worker.killed else "exited"
+            error = WorkerCrashed(
                 f"worker process {pid} {why} with code {code} while it ran this call or held "
                 "it queued",
                 code,
-            ),
-        )
+            )
+        self._fail_outstanding(worker, error)
         _close(worker)
         if stopping:
+            return
+        if not worker.ready:
+            # It never loaded the handler (load_failed, or it died importing): a replacement
+            # started now would fail the same way, in a loop.
+            self._failed_start(worker.index)
             return
         if not worker.killed:
             log.error(
@@ -385,8 +486,7 @@ class ProcessRunner:
                 pid,
                 code,
             )
-        self.restarts += 1
-        self._workers.append(self._spawn(worker.index))
+        self._replace(worker.index)
 
     def _fail_outstanding(self, worker: _Worker, error: BaseException) -> None:
         now = self._clock.monotonic()
@@ -401,6 +501,7 @@ class ProcessRunner:
         for worker in list(self._workers):
             if worker.outstanding:
                 self._in_time = False
+            worker.cut_off = True
             _terminate(worker)
             self._read_all(worker)  # may find its end and report it as exited
             if worker.outstanding:
@@ -424,13 +525,25 @@ class ProcessRunner:
                 chunk = [self._pending.popleft() for _ in range(share)]
             calls = []
             for batch, context in chunk:
+                try:
+                    records = pack_records(context.records)
+                except TypeError as exc:
+                    # It cannot travel, now or ever: it fails here, like a handler error, and
+                    # takes the failure path (retry, dead letter) without reaching a worker.
+                    self._report_unsent(batch, context, exc)
+                    continue
                 if self._call_timeout is not None:
                     context.extend_deadline(self._call_timeout)
                 hooks.on_call_start(batch, context)
                 worker.outstanding[batch] = context
-                calls.append((batch, tuple(portable_record(r) for r in context)))
+                calls.append((batch, records))
             # A failed send leaves the calls outstanding: the worker's exit reports them.
-            _send(worker, ("calls", calls))
+            if calls:
+                _send(worker, ("calls", calls))
+
+    def _report_unsent(self, batch: int, context: PollContext, error: BaseException) -> None:
+        assert self._done is not None
+        self._done(WorkDone(batch, (error,) * len(context), None, self._clock.monotonic()))
 
     def _spawn(self, index: int) -> _Worker:
         context: Any = self._context
@@ -442,11 +555,22 @@ class ProcessRunner:
             name=f"{self._name}-proc-{index}",
             daemon=True,
         )
-        process.start()
-        # Only the child keeps these ends: its exit then reads as the end of our pipe.
-        task_r.close()
-        result_w.close()
-        return _Worker(index, process, task_w, result_r)
+        try:
+            process.start()
+        except BaseException:
+            task_w.close()
+            result_r.close()
+            raise
+        finally:
+            # Only the child keeps these ends: its exit then reads as the end of our pipe.
+            task_r.close()
+            result_w.close()
+        outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        feeder = threading.Thread(
+            target=_feed, args=(task_w, outbox), name=f"{self._name}-proc-feed-{index}", daemon=True
+        )
+        feeder.start()
+        return _Worker(index, process, outbox, feeder, result_r)
 
     def __repr__(self) -> str:
         state = "open" if self._open else "stopped"
@@ -495,20 +619,39 @@ def _await_ready(worker: _Worker, deadline: float) -> str | None:
 
 
 def _send(worker: _Worker, message: tuple[Any, ...]) -> None:
+    """Queue ``message`` for ``worker``; never blocks. If the worker dies first, its sentinel
+    tells the pool thread, and its exit reports the calls it held."""
     if worker.closed:
         return
-    try:
-        worker.tasks.send(message)
-    except OSError:
-        worker.closed = True  # it died; its sentinel tells the pool thread
+    worker.outbox.put(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
     if message[0] == "stop":
         worker.closed = True
 
 
+def _feed(tasks: Connection, outbox: queue.SimpleQueue[bytes | None]) -> None:
+    """A worker's feeder thread: writes what the pool thread queued to the worker's task pipe.
+
+    The write blocks while the pipe is full, until the worker reads, and a worker whose handler
+    keeps the GIL (C code) reads nothing until that call ends: here it holds up this worker's
+    messages only, never the pool thread, which goes on reading every worker's results and
+    shipping to the others."""
+    try:
+        while (data := outbox.get()) is not None:
+            tasks.send_bytes(data)
+    except OSError:
+        pass  # the worker died: its sentinel tells the pool thread
+    finally:
+        tasks.close()
+
+
 def _close(worker: _Worker) -> None:
-    """Release the pipes and the process object (the process has exited or was terminated)."""
+    """Release the pipes, the feeder thread and the process object (the process has exited or
+    was terminated: a write the feeder is blocked in fails at once)."""
     worker.closed = True
-    worker.tasks.close()
+    worker.outbox.put(None)
+    worker.feeder.join(KILL_GRACE)
+    if worker.feeder.is_alive():  # pragma: no cover - only while the process still runs
+        log.warning("the feeder thread of worker process %s did not end", worker.process.name)
     worker.results.close()
     with contextlib.suppress(ValueError):  # still running: only terminate() may end it
         worker.process.close()

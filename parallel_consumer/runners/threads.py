@@ -13,7 +13,7 @@ from parallel_consumer._clock import Clock
 from parallel_consumer._events import CallResult, WorkDone, WorkDoneMany
 from parallel_consumer.context import PollContext
 from parallel_consumer.hooks import Hooks, NoHooks, active_hooks
-from parallel_consumer.runners.base import CallCancelled, Handler
+from parallel_consumer.runners.base import CallCancelled, Handler, not_a_result
 
 __all__ = ["ThreadRunner"]
 
@@ -261,6 +261,8 @@ class ThreadRunner:
         running.add(batch)
         try:
             value = handler(context)
+            if value is not None and (wrong := not_a_result(value)) is not None:
+                value, error = None, wrong
         except Exception as exc:
             error = exc
         except BaseException as exc:

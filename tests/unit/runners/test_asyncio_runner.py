@@ -213,8 +213,13 @@ def test_stop_waits_for_running_calls_within_the_timeout(runners):
 def test_stop_cancels_calls_still_running_after_the_timeout(runners):
     # Given 100 calls awaiting forever
     cancelled = []
+    entered: list[int] = []
+    all_entered = threading.Event()
 
     async def handle(ctx: PollContext) -> None:
+        entered.append(ctx.offset)
+        if len(entered) == 100:
+            all_entered.set()
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
@@ -225,7 +230,7 @@ def test_stop_cancels_calls_still_running_after_the_timeout(runners):
     runner = runners[0]
     for i in range(100):
         runner.submit(i, context(i))
-    time.sleep(0.05)
+    assert all_entered.wait(10)
     # When the runner stops with a short timeout
     started = time.monotonic()
     assert runner.stop(0.1) is False

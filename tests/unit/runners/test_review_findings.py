@@ -1,8 +1,8 @@
 """Reproducers of an adversarial review of the asyncio and process runners (review-13).
 
 Each test states a guarantee the docs or the runner contract (``runners/base.py``) make, and
-fails on the code as it was reviewed: each is marked ``xfail(strict=True)`` so the suite stays
-green and the fix flips it. Handlers the process runner uses are module-level functions: worker
+failed on the code as it was reviewed (each was marked ``xfail(strict=True)`` until its fix);
+they stay as regression tests. Handlers the process runner uses are module-level functions: worker
 processes are spawned and import them by name.
 """
 
@@ -26,7 +26,8 @@ from parallel_consumer import Options, ParallelConsumer, PollContext
 from parallel_consumer._clock import SystemClock
 from parallel_consumer._events import WorkDone
 from parallel_consumer.context import RecordContext
-from parallel_consumer.runners import AsyncioRunner, ProcessRunner
+from parallel_consumer.errors import ConfigurationError
+from parallel_consumer.runners import AsyncioRunner, ProcessRunner, ThreadRunner
 from parallel_consumer.testing.fakes import FakeCluster
 
 # -- process-runner handlers (module level: the worker processes import them by name) --------
@@ -175,18 +176,10 @@ def async_generator_handler(ran: list[int]) -> Callable[[PollContext], Any]:
     return handle
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 1: an async def handler behind a sync decorator, a partial of an async "
-    "callable object, or an async def with a stray yield runs on the thread runner; the "
-    "coroutine (async generator) it returns is never run and the record is committed as done",
-)
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize(
     "make_handler",
-    [decorated_handler, partial_of_async_object, async_generator_handler],
-    ids=["sync-decorator", "partial-of-async-callable", "async-generator"],
+    [decorated_handler, partial_of_async_object],
+    ids=["sync-decorator", "partial-of-async-callable"],
 )
 def test_finding_1_a_wrapped_async_handler_is_never_awaited_yet_its_records_commit(make_handler):
     # Given 5 records and an async handler behind a synchronous wrapper
@@ -209,6 +202,58 @@ def test_finding_1_a_wrapped_async_handler_is_never_awaited_yet_its_records_comm
     assert set(range(done)) <= set(ran), f"committed up to {done}, handler bodies ran for {ran}"
 
 
+def test_finding_1_an_async_generator_handler_is_refused_at_poll():
+    # Given an async def with a stray ``yield``: calling it runs nothing until it is iterated,
+    # so no runner can process records with it
+    cluster = FakeCluster()
+    cluster.create_topic("t")
+    cluster.produce("t", b"0", key=b"k")
+    ran: list[int] = []
+    pc = consumer(cluster, Options(commit_interval=0.05))
+    try:
+        # When it is registered
+        # Then it is refused before anything runs (and so nothing commits)
+        with pytest.raises(ConfigurationError, match="async generator"):
+            pc.poll(async_generator_handler(ran))
+    finally:
+        pc.close()
+    assert cluster.committed("g", "t", 0) is None
+    assert ran == []
+
+
+@pytest.mark.parametrize("runner", ["threads", "asyncio"])
+def test_finding_1_a_call_returning_a_coroutine_or_async_generator_fails(runner):
+    # Given handlers whose async nature cannot be seen: a lambda around an async def, and one
+    # around an async generator function
+    async def coroutine_function(ctx: PollContext) -> None:
+        await asyncio.sleep(0)
+
+    async def generator_function(ctx: PollContext) -> Any:
+        yield
+
+    handlers = {
+        "threads": lambda ctx: coroutine_function(ctx),
+        "asyncio": lambda ctx: generator_function(ctx),
+    }
+    results = Results()
+    run: AsyncioRunner | ThreadRunner = (
+        AsyncioRunner(2, SystemClock(), name="review")
+        if runner == "asyncio"
+        else ThreadRunner(2, SystemClock(), name="review")
+    )
+    run.start(handlers[runner], results)
+    try:
+        # When it is called
+        run.submit(0, context(0))
+        # Then the call fails (its body never ran), with an error that says why
+        reported = results.take(1, timeout=5.0)
+        error = reported[0].errors[0]
+        assert isinstance(error, TypeError)
+        assert "never ran" in str(error)
+    finally:
+        run.stop(1.0)
+
+
 # -- finding 2: SystemExit / KeyboardInterrupt in a task a handler awaits kills the event loop ---
 
 
@@ -216,13 +261,6 @@ async def exit_now() -> None:
     raise SystemExit(3)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 2: SystemExit raised in a task an async handler awaits (wait_for, gather, "
-    "create_task) escapes Task.__step and stops the runner's event loop: every other call in "
-    "flight never reports and the consumer stalls or fails",
-)
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 @pytest.mark.parametrize("how", ["wait_for", "gather"])
 def test_finding_2_system_exit_in_an_awaited_task_stops_every_other_call(how):
     # Given 10 records of distinct keys; the first attempt at record 0 awaits a helper that
@@ -292,13 +330,6 @@ def test_finding_3_a_handler_raising_generator_exit_still_reports_its_call(aio_r
 # -- finding 4: close() returns with the event loop still running (asyncio.to_thread) ----------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 4: after close() the runner's loop thread stays alive (and its loop open) "
-    "as long as any to_thread/run_in_executor call runs: _run_loop awaits "
-    "loop.shutdown_default_executor(), which waits for the blocking call, and stop() gives up "
-    "joining after CANCEL_GRACE",
-)
 def test_finding_4_close_leaves_the_event_loop_running_behind_a_to_thread_call():
     # Given an async handler that moves its blocking part to a thread, as the docs advise
     cluster = FakeCluster()
@@ -339,14 +370,6 @@ def process_runner() -> Iterator[tuple[ProcessRunner, Results]]:
     runner.stop(1.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 5: a result that pickles in the worker but cannot be unpickled in the "
-    "parent makes recv() raise TypeError in the pool thread (_read catches only EOFError/"
-    "OSError): the pool thread dies, every worker is terminated and no call in flight or "
-    "submitted later ever reports",
-)
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_finding_5_a_result_that_cannot_be_unpickled_stops_the_process_runner(process_runner):
     runner, results = process_runner
     # Given a call whose handler returns a value that cannot be rebuilt in the parent
@@ -362,14 +385,6 @@ def test_finding_5_a_result_that_cannot_be_unpickled_stops_the_process_runner(pr
     assert [reported[b].errors for b in (0, 2, 3)] == [(None,)] * 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 5: a record that cannot be pickled (non-bytes value from a deserializing "
-    "consumer) makes _send raise in _ship: the pool thread dies and no call ever reports "
-    "again; one that pickles but cannot be unpickled kills the worker's receiver thread, and "
-    "that worker hangs forever holding its calls",
-)
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 @pytest.mark.parametrize(
     "bad_value",
     [threading.Lock(), Pair(1, 2)],
@@ -428,13 +443,6 @@ def test_finding_6_no_handler_call_starts_after_close_returned_when_the_loop_was
 # -- finding 7: a replacement worker that cannot load the handler is respawned forever ----------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 7: a replacement worker that cannot load the handler sends load_failed and "
-    "exits with code 0; _exited treats that as a crash and spawns another, forever (a spawn "
-    "storm, an error logged each time, and with every worker gone no call ever runs, without "
-    "the consumer failing)",
-)
 def test_finding_7_a_replacement_that_cannot_load_the_handler_is_not_respawned_forever(tmp_path):
     # Given a one-process runner whose handler loaded fine at start
     marker = tmp_path / "module-gone"
@@ -455,16 +463,30 @@ def test_finding_7_a_replacement_that_cannot_load_the_handler_is_not_respawned_f
         runner.stop(1.0)
 
 
+def test_finding_7_a_replacement_that_cannot_be_spawned_is_tried_again_later(tmp_path, monkeypatch):
+    # Given a one-process runner that started fine
+    results = Results()
+    runner = ProcessRunner(1, SystemClock(), name="review")
+    runner.start(Reloadable(str(tmp_path / "absent")), results)
+    try:
+        # When its worker crashes and no process can be started any more (EMFILE)
+        def no_spawn(self: ProcessRunner, index: int) -> Any:
+            raise OSError(24, "Too many open files")
+
+        monkeypatch.setattr(ProcessRunner, "_spawn", no_spawn)
+        runner.submit(0, context(0, b"crash"))
+        assert sorted(results.take(1, timeout=10.0)) == [0]
+        # Then the pool thread lives on (one try now, the next one later) and stops cleanly
+        assert wait_until(lambda: runner.restarts == 1, timeout=5.0)
+        assert runner._thread is not None
+        assert runner._thread.is_alive()
+    finally:
+        runner.stop(1.0)
+
+
 # -- finding 8: a worker that cannot be spawned: a raw OSError, and the others left running ----
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 8: start() spawns the workers in a list comprehension outside its clean-up; "
-    "an OSError from the 3rd spawn (EMFILE/EAGAIN with a large processes=) escapes as is, not "
-    "as a ConfigurationError, and the workers already spawned (and the wake pipe) are left "
-    "running, even after close()",
-)
 def test_finding_8_a_failed_spawn_is_a_configuration_error_and_leaves_nothing_running(
     monkeypatch,
 ):
@@ -502,12 +524,6 @@ def test_finding_8_a_failed_spawn_is_a_configuration_error_and_leaves_nothing_ru
 # -- finding 9: calls a worker ran when stop() terminated it report WorkerCrashed -----------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 9: docs (runners.md, cpu-bound.md, Runner.stop) say calls of workers "
-    "terminated at close report CallCancelled; _terminate_after_timeout's _read_all meets the "
-    "end of the pipe first and _exited reports them as WorkerCrashed (exit code -15)",
-)
 def test_finding_9_calls_terminated_at_stop_report_call_cancelled(process_runner):
     from parallel_consumer.runners import CallCancelled
 
@@ -526,13 +542,6 @@ def test_finding_9_calls_terminated_at_stop_report_call_cancelled(process_runner
 # -- finding 10: a finished call's result waits in the worker for the whole next call ------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 10: worker_main flushes finished results only before taking the next call, "
-    "and only if the inbox is empty or the oldest result is 5 ms old; a call that finishes "
-    "while another waits in the worker is held back for the whole of that next call (forever "
-    "if it hangs), not 'at most 5 ms late' as cpu-bound.md says",
-)
 def test_finding_10_a_finished_result_is_not_held_back_by_the_next_call(process_runner):
     runner, results = process_runner
     # Given a call of 0.3 s and, queued behind it in the same worker, a call that runs long
@@ -549,13 +558,6 @@ def test_finding_10_a_finished_result_is_not_held_back_by_the_next_call(process_
 # -- findings 5 and 10 through the engine: what a user of ParallelConsumer sees -----------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 5 (engine): after one return value that cannot be unpickled, the process "
-    "runner's pool thread is dead; the consumer stays RUNNING with failure None while no "
-    "record ever completes again",
-)
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_finding_5_engine_one_bad_return_value_silently_stops_the_consumer():
     # Given 10 records; the handler returns a value that cannot be unpickled for record 0
     cluster = FakeCluster()
@@ -583,12 +585,6 @@ def test_finding_5_engine_one_bad_return_value_silently_stops_the_consumer():
             pc.close(drain=False, timeout=0.5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 10 (engine): a record whose handler finished long before close's deadline "
-    "is reported failed at close (its result was still held in the worker behind a long "
-    "call), is not committed, and runs again",
-)
 def test_finding_10_engine_a_finished_record_is_not_committed_at_close():
     # Given record 0 (0.3 s) and record 1 (runs long), both shipped to the only worker
     cluster = FakeCluster()
@@ -615,14 +611,6 @@ def test_finding_10_engine_a_finished_record_is_not_committed_at_close():
 # -- finding 11: one worker in GIL-holding code blocks the pool thread and so every worker -------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 11: the pool thread ships with a blocking Connection.send; a message "
-    "larger than the pipe buffer (64 KiB) to a worker whose handler holds the GIL (C code) "
-    "blocks the pool thread until that call ends: no result of any other worker is read and "
-    "nothing else is shipped meanwhile (worker_main's 'the parent's sends never wait for a "
-    "call to end' does not hold)",
-)
 def test_finding_11_a_worker_holding_the_gil_does_not_stall_the_other_workers():
     arrivals: dict[int, float] = {}
 
@@ -649,12 +637,6 @@ def test_finding_11_a_worker_holding_the_gil_does_not_stall_the_other_workers():
         runner.stop(1.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 1 (explicit runner): the same decorated async def handler with "
-    "runner='asyncio' set explicitly is refused at poll() as 'a plain function', so the user "
-    "cannot even opt in; _is_async does not look through __wrapped__",
-)
 def test_finding_1_a_decorated_async_handler_is_refused_by_the_asyncio_runner():
     cluster = FakeCluster()
     cluster.create_topic("t")
