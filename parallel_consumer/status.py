@@ -140,8 +140,7 @@ class Statistics:
     #: Stall episodes of single partitions so far (Options.stall_threshold; see health()).
     partition_stalls: int = 0
     #: Adaptive dispatch: how many calls the engine hands to one worker at a time (1 for calls
-    #: longer than a thread hand-over, up to 64 for very short ones). Always 1 for now: the
-    #: feature is switched off (docs/performance.md).
+    #: longer than a thread hand-over, up to 64 for very short ones; docs/performance.md).
     chunk_size: int = 1
     #: Per partition ever assigned: records processed and attempts failed since the start.
     partition_totals: tuple[PartitionTotals, ...] = ()
