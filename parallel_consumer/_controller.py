@@ -110,8 +110,9 @@ MAX_CHUNK = 64
 #: Adaptive dispatch (docs/performance.md#adaptive-dispatch). It needs a runner that can take
 #: over the rest of a chunk whose current call hangs (``release_stuck``).
 ADAPTIVE_DISPATCH = True
-#: A call of a chunk running longer than this is stuck: the calls of its chunk not started yet
-#: go to other workers, one by one, and the finished ones are reported (real seconds).
+#: A chunk a worker has run for longer than this is stuck (a call that hangs, or calls that
+#: turned slow): its calls not started yet go to other workers, one by one, and the finished
+#: ones are reported (real seconds).
 STUCK_AFTER = 0.02
 #: How often the controller looks for stuck chunks while any is running (real seconds).
 STUCK_CHECK_EVERY = 0.01
@@ -167,6 +168,8 @@ class Controller:
         self._chunks = False
         #: When to look for stuck chunks next (time.monotonic(): it is about real threads).
         self._next_stuck_check = 0.0
+        #: Chunks were handed to the runner since nothing was last in flight.
+        self._chunks_out = False
         #: on_stall=DEAD_LETTER: records whose young call was given its chance once already.
         self._stall_chances: set[tuple[TopicPartition, int]] = set()
         self._inbox: queue.SimpleQueue[ControllerEvent] = queue.SimpleQueue()
@@ -392,8 +395,13 @@ class Controller:
                 deadline = wake
         if self._close is not None:
             deadline = min(deadline, now + 0.05)
-        if self._chunks and self._runner.chunks_running:  # type: ignore[attr-defined]
-            deadline = min(deadline, now + STUCK_CHECK_EVERY)
+        if self._chunks_out:
+            # Chunks were handed out and calls are in flight: look for stuck ones regularly
+            # (a chunk reports only when it ends, so no event may come meanwhile).
+            if self._in_flight:
+                deadline = min(deadline, now + STUCK_CHECK_EVERY)
+            else:
+                self._chunks_out = False
         if self._outputs is not None and self._outputs.backlog:
             deadline = min(deadline, now + 0.005)  # outputs wait for room in the producer
         return deadline
@@ -613,12 +621,14 @@ class Controller:
             calls.append((batch.id, context))
             if len(calls) >= chunk:
                 self._runner.submit_chunk(calls)  # type: ignore[attr-defined]
+                self._chunks_out = True
                 calls = []
         if calls:
             if len(calls) == 1:
                 submit(*calls[0])
             else:
                 self._runner.submit_chunk(calls)  # type: ignore[attr-defined]
+                self._chunks_out = True
 
     def _observe_service(self, took: float) -> None:
         """Adaptive dispatch: follow the time per call; calls much shorter than a thread hop go

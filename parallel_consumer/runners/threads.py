@@ -29,13 +29,13 @@ class _Chunk:
     what the owner has not started (or reported) while the owner is inside a call that hangs:
     each call is started, and each result reported, exactly once."""
 
-    __slots__ = ("call_started", "calls", "results")
+    __slots__ = ("calls", "results", "started")
 
     def __init__(self, calls: list[Call]) -> None:
         self.calls: deque[Call] = deque(calls)
         self.results: deque[CallResult] = deque()
-        #: perf_counter() when the owner started its current call (0.0 between calls).
-        self.call_started = 0.0
+        #: perf_counter() when a worker took the chunk (0.0 while it waits in the queue).
+        self.started = 0.0
 
     def take_results(self) -> list[CallResult]:
         out = []
@@ -87,7 +87,8 @@ class ThreadRunner:
         #: instead of running it.
         self._cancelled: set[int] = set()
         self._tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()
-        #: Chunks a worker is running now (added and removed by their owner).
+        #: Chunks submitted and not finished, queued or running: added when submitted (so that
+        #: close finds their calls even while a worker is taking one), removed by their owner.
         self._active: set[_Chunk] = set()
         self._threads: list[threading.Thread] = []
         self._gate = threading.Lock()
@@ -113,29 +114,33 @@ class ThreadRunner:
         :class:`WorkDoneMany`: one thread hop each way for many short calls. The controller
         never puts two records of one lane in a chunk, so any of its calls may run on another
         worker (see :meth:`release_stuck`) without changing the order of a lane."""
-        self._tasks.put(_Chunk(calls))
+        chunk = _Chunk(calls)
+        self._active.add(chunk)
+        self._tasks.put(chunk)
 
     def release_stuck(self, older_than: float) -> int:
-        """For each chunk whose current call has run longer than ``older_than`` seconds: report
-        the calls it finished and hand the ones it has not started to any free worker, one by
-        one, so a call that hangs holds only its own worker and record. Returns how many calls
+        """For each chunk a worker has run for longer than ``older_than`` seconds (a call that
+        hangs, or calls that turned slow): report the calls it finished and hand the ones it
+        has not started to any free worker, one by one, so that they neither wait behind a hung
+        call nor run one after another while other workers are idle. Returns how many calls
         moved. Called by the controller, on its thread."""
         if not self._open or not self._active:
             return 0
         now = time.perf_counter()
         moved = 0
         for chunk in list(self._active):
-            started = chunk.call_started
+            started = chunk.started
             if not started or now - started <= older_than:
                 continue
             for call in chunk.take_calls():
                 self._tasks.put(call)
                 moved += 1
             results = chunk.take_results()
-            if results:
-                # The service time reported is the stuck call's so far: it tells the controller
-                # that calls are no longer short.
-                self._done(WorkDoneMany(results, now - started))  # type: ignore[arg-type]
+            if results or moved:
+                # The mean time per call so far, the running one counted: it tells the
+                # controller that calls are no longer short.
+                service = (now - started) / (len(results) + 1)
+                self._done(WorkDoneMany(results, service))  # type: ignore[arg-type]
         return moved
 
     @property
@@ -207,8 +212,7 @@ class ThreadRunner:
         """Returns False once stopped: calls not started then are never reported (the controller
         takes them back on close, like queued ones)."""
         active = self._active
-        active.add(chunk)
-        started = time.perf_counter()
+        started = chunk.started = time.perf_counter()
         ran = 0
         call = self._call
         calls = chunk.calls
@@ -219,9 +223,7 @@ class ThreadRunner:
                     batch, context = calls.popleft()
                 except IndexError:
                     break
-                chunk.call_started = time.perf_counter()
                 result = call(handler, batch, context)
-                chunk.call_started = 0.0
                 if result is None:
                     stopped = True
                     break
