@@ -1,0 +1,483 @@
+"""The PySpark runner's core, pure Python (no Spark, no Kafka client): run a handler over ordered
+slices of Kafka partitions and return the rows to write.
+
+A Spark task hands :func:`process` the records of one or more whole Kafka partitions, each in
+offset order. Records are split into *lanes* by ``Options.ordering`` (one per key of a partition
+for ``KEY``, one per partition for ``PARTITION``, one per record for ``UNORDERED``); a lane runs
+its records one at a time, in offset order, retries included, while up to
+``Options.max_concurrency`` lanes run at once (worker threads, or tasks on one event loop for an
+``async def`` handler). What a record's failure leads to is the engine's own pure decision
+(:func:`parallel_consumer.work.outcomes.decide`): retry after the retry delay (the lane sleeps,
+so the record's key and the Spark task wait), skip, dead-letter, or stop (the task fails).
+
+The result is a list of :class:`OutputRow`: the handler's produced records and the dead letters
+(with the headers of :mod:`parallel_consumer.dead_letter`), each carrying a :data:`SOURCE_ID`
+header that names its input record, so that downstream readers can drop the duplicates of a
+replayed micro-batch. Nothing here is shared between calls: every call owns its lanes and tallies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from parallel_consumer.context import PollContext, RecordContext
+from parallel_consumer.dead_letter import dead_letter_headers, default_topic
+from parallel_consumer.errors import ConfigurationError, RetriesExhausted
+from parallel_consumer.options import Options, ProcessingOrder, RunnerKind
+from parallel_consumer.produce import ProducerRecord, outputs_of
+from parallel_consumer.work.outcomes import DeadLetterNow, RetryAt, SkipNow, StopNow, decide
+
+__all__ = [
+    "SOURCE_ID",
+    "InputRecord",
+    "OutputRow",
+    "PartitionTally",
+    "Result",
+    "check_options",
+    "process",
+    "source_id",
+]
+
+#: Header added to every output row: ``<topic>/<partition>@<offset>/<n>`` of the input record
+#: (``n`` counts its outputs from 0; a dead letter's ``n`` is ``dlq``). Deterministic for a
+#: deterministic handler, so a replayed micro-batch writes the same ids again.
+SOURCE_ID = "pc.source.id"
+
+Header = tuple[str, bytes | None]
+LaneKey = tuple[Any, ...]
+
+#: confluent_kafka's timestamp types (``Message.timestamp()[0]``).
+TIMESTAMP_NOT_AVAILABLE = 0
+TIMESTAMP_CREATE_TIME = 1
+
+
+@dataclass(frozen=True, slots=True)
+class InputRecord:
+    """One Kafka record as a Spark Kafka source row gives it.
+
+    ``timestamp_type`` uses confluent_kafka's numbers (1 create time, 2 log-append time; Spark's
+    ``timestampType`` column is one less)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int | None = None
+    timestamp_type: int = TIMESTAMP_CREATE_TIME
+    headers: tuple[Header, ...] = ()
+
+
+class _Message:
+    """The subset of ``confluent_kafka.Message`` that :class:`RecordContext` reads."""
+
+    __slots__ = ("_record",)
+
+    def __init__(self, record: InputRecord) -> None:
+        self._record = record
+
+    def topic(self) -> str:
+        return self._record.topic
+
+    def partition(self) -> int:
+        return self._record.partition
+
+    def offset(self) -> int:
+        return self._record.offset
+
+    def key(self) -> bytes | None:
+        return self._record.key
+
+    def value(self) -> bytes | None:
+        return self._record.value
+
+    def headers(self) -> list[Header] | None:
+        return list(self._record.headers) or None
+
+    def timestamp(self) -> tuple[int, int]:
+        millis = self._record.timestamp_ms
+        if millis is None or millis < 0:
+            return TIMESTAMP_NOT_AVAILABLE, -1
+        return self._record.timestamp_type, millis
+
+
+@dataclass(frozen=True, slots=True)
+class OutputRow:
+    """One record to write: a handler output (``dead_letter`` False) or a dead letter."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...]
+    #: The output partition the handler asked for; None lets the producer's partitioner pick.
+    partition: int | None
+    dead_letter: bool
+    source_topic: str
+    source_partition: int
+    source_offset: int
+
+
+@dataclass(slots=True)
+class PartitionTally:
+    """What one call did with the records of one Kafka partition."""
+
+    inputs: int = 0
+    first_offset: int = -1
+    last_offset: int = -1
+    outputs: int = 0
+    dead_letters: int = 0
+    skipped: int = 0
+    #: Failed attempts that were retried.
+    retries: int = 0
+
+    def add(self, other: PartitionTally) -> None:
+        if other.first_offset >= 0:
+            if self.first_offset < 0 or other.first_offset < self.first_offset:
+                self.first_offset = other.first_offset
+            self.last_offset = max(self.last_offset, other.last_offset)
+        self.inputs += other.inputs
+        self.outputs += other.outputs
+        self.dead_letters += other.dead_letters
+        self.skipped += other.skipped
+        self.retries += other.retries
+
+
+@dataclass(slots=True)
+class Result:
+    """The rows of one call, in lane order (each lane's rows in offset order), and its tallies
+    per ``(topic, partition)``."""
+
+    rows: list[OutputRow] = field(default_factory=list)
+    partitions: dict[tuple[str, int], PartitionTally] = field(default_factory=dict)
+
+
+def source_id(topic: str, partition: int, offset: int, index: int | str) -> bytes:
+    """The :data:`SOURCE_ID` header value of the ``index``-th output of a record."""
+    return f"{topic}/{partition}@{offset}/{index}".encode("utf-8", errors="backslashreplace")
+
+
+def check_options(options: Options, handler: Callable[..., object]) -> None:
+    """Refuse the settings the Spark runner cannot honour, with what to do instead."""
+    if not callable(handler):
+        raise ConfigurationError(
+            f"the handler must be a callable taking a PollContext: {handler!r}"
+        )
+    if options.batch_size != 1:
+        raise ConfigurationError(
+            f"Options.batch_size={options.batch_size}: the Spark runner calls the handler with "
+            "one record at a time; remove batch_size (Spark already batches by micro-batch)"
+        )
+    if options.runner is RunnerKind.PROCESS:
+        raise ConfigurationError(
+            "Options.runner='process' does not apply on Spark: each Spark task already runs in "
+            "its own Python worker process; scale CPU-bound work with more Spark cores instead"
+        )
+
+
+class _Lane:
+    """Runs the records of one lane in order; owned by the one thread (or task) that runs it."""
+
+    __slots__ = ("group", "options", "rows", "tally_of", "wall")
+
+    def __init__(self, options: Options, group: str, wall: Callable[[], float]) -> None:
+        self.options = options
+        self.group = group
+        self.wall = wall
+        self.rows: list[OutputRow] = []
+        self.tally_of: dict[tuple[str, int], PartitionTally] = {}
+
+    def tally(self, record: InputRecord) -> PartitionTally:
+        tp = (record.topic, record.partition)
+        found = self.tally_of.get(tp)
+        if found is None:
+            found = self.tally_of[tp] = PartitionTally()
+        return found
+
+    def started(self, record: InputRecord) -> None:
+        tally = self.tally(record)
+        if tally.first_offset < 0 or record.offset < tally.first_offset:
+            tally.first_offset = record.offset
+        tally.last_offset = max(tally.last_offset, record.offset)
+
+    def emit(self, record: InputRecord, outputs: Sequence[ProducerRecord], first: int) -> int:
+        for index, out in enumerate(outputs, first):
+            self.rows.append(
+                OutputRow(
+                    out.topic,
+                    out.key,
+                    out.value,
+                    (*out.headers, (SOURCE_ID, source_id(*_where(record), index))),
+                    out.partition,
+                    False,
+                    *_where(record),
+                )
+            )
+        self.tally(record).outputs += len(outputs)
+        return first + len(outputs)
+
+    def settle(
+        self,
+        record: InputRecord,
+        error: BaseException,
+        attempts: int,
+        first_failure: datetime,
+        last_failure: datetime,
+    ) -> float | None:
+        """A failed attempt (``attempts`` counts it): the delay before the next one, or None
+        when the record is finished (skipped or dead-lettered). Raises on a stop decision."""
+        context = RecordContext(_Message(record), attempts, error, last_failure)
+        decision = decide(error, context, time.monotonic(), self.options)
+        tally = self.tally(record)
+        if isinstance(decision, RetryAt):
+            tally.retries += 1
+            return decision.delay
+        if isinstance(decision, SkipNow):
+            tally.skipped += 1
+            return None
+        if isinstance(decision, DeadLetterNow):
+            self.rows.append(
+                self.dead_letter(record, error, attempts, first_failure, last_failure, decision)
+            )
+            tally.dead_letters += 1
+            return None
+        assert isinstance(decision, StopNow)
+        raise RetriesExhausted(decision.message) from error
+
+    def dead_letter(
+        self,
+        record: InputRecord,
+        error: BaseException,
+        attempts: int,
+        first_failure: datetime,
+        last_failure: datetime,
+        decision: DeadLetterNow,
+    ) -> OutputRow:
+        headers = dead_letter_headers(
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            timestamp_ms=record.timestamp_ms if record.timestamp_ms else None,
+            attempts=attempts,
+            error=error,
+            first_failure_at=first_failure,
+            last_failure_at=last_failure,
+            group=self.group,
+            reason=decision.reason,
+            # Kafka headers may have no value; they are kept as they came.
+            original_headers=cast("list[tuple[str, bytes]]", list(record.headers)),
+        )
+        topic = self.options.dead_letter_topic or default_topic(record.topic)
+        return OutputRow(
+            topic,
+            record.key,
+            record.value,
+            (*headers, (SOURCE_ID, source_id(*_where(record), "dlq"))),
+            None,
+            True,
+            *_where(record),
+        )
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.wall(), UTC)
+
+
+def _where(record: InputRecord) -> tuple[str, int, int]:
+    return record.topic, record.partition, record.offset
+
+
+def _attempt(handler: Callable[[PollContext], object], record: InputRecord, context: Any) -> Any:
+    """One call; returns (outputs, error)."""
+    poll = PollContext.of_one(context)
+    try:
+        outputs = outputs_of(handler(poll))
+    except Exception as exc:  # the record's failure; KeyboardInterrupt and exits propagate
+        return [], exc
+    return outputs, poll.outcomes(None)[0]
+
+
+def _run_lane_sync(
+    lane: _Lane,
+    records: Sequence[InputRecord],
+    handler: Callable[[PollContext], object],
+    sleep: Callable[[float], None],
+) -> _Lane:
+    for record in records:
+        lane.started(record)
+        attempts, error, first, last = 0, None, None, None
+        produced = 0
+        while True:
+            context = RecordContext(_Message(record), attempts, error, last)
+            outputs, error = _attempt(handler, record, context)
+            produced = lane.emit(record, outputs, produced)
+            if error is None:
+                break
+            attempts += 1
+            last = lane.now()
+            first = first or last
+            delay = lane.settle(record, error, attempts, first, last)
+            if delay is None:
+                break
+            if delay > 0:
+                sleep(delay)
+        lane.tally(record).inputs += 1
+    return lane
+
+
+async def _run_lane_async(
+    lane: _Lane,
+    records: Sequence[InputRecord],
+    handler: Callable[[PollContext], Any],
+    slots: asyncio.Semaphore,
+) -> _Lane:
+    for record in records:
+        lane.started(record)
+        attempts, first, last = 0, None, None
+        error: BaseException | None = None
+        produced = 0
+        while True:
+            context = RecordContext(_Message(record), attempts, error, last)
+            poll = PollContext.of_one(context)
+            async with slots:
+                try:
+                    outputs = outputs_of(await handler(poll))
+                except Exception as exc:
+                    outputs, error = [], exc
+                else:
+                    error = poll.outcomes(None)[0]
+            produced = lane.emit(record, outputs, produced)
+            if error is None:
+                break
+            attempts += 1
+            last = lane.now()
+            first = first or last
+            delay = lane.settle(record, error, attempts, first, last)
+            if delay is None:
+                break
+            await asyncio.sleep(delay)
+        lane.tally(record).inputs += 1
+    return lane
+
+
+def lanes_of(
+    records: Iterable[InputRecord], ordering: ProcessingOrder
+) -> dict[LaneKey, list[InputRecord]]:
+    """Records grouped into lanes by ``ordering``, lanes in order of first appearance, each lane
+    in offset order."""
+    lanes: dict[LaneKey, list[InputRecord]] = {}
+    for record in records:
+        if ordering is ProcessingOrder.KEY:
+            key: LaneKey = (record.topic, record.partition, record.key)
+        elif ordering is ProcessingOrder.PARTITION:
+            key = (record.topic, record.partition)
+        else:
+            key = (record.topic, record.partition, record.offset)
+        lane = lanes.get(key)
+        if lane is None:
+            lanes[key] = [record]
+        else:
+            lane.append(record)
+    for lane in lanes.values():
+        if any(a.offset > b.offset for a, b in itertools.pairwise(lane)):
+            lane.sort(key=lambda r: r.offset)
+    return lanes
+
+
+def process(
+    records: Iterable[InputRecord],
+    handler: Callable[[PollContext], object],
+    options: Options,
+    *,
+    group: str = "spark",
+    executor: Executor | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    wall: Callable[[], float] = time.time,
+) -> Result:
+    """Run ``handler`` over ``records`` (whole Kafka partitions, each in offset order) and return
+    the rows to write. ``group`` fills the dead letters' ``pc.dlq.group`` header; ``executor``
+    (threads, reused across calls by the Spark adapter) runs the lanes of a plain handler,
+    else a pool of ``max_concurrency`` threads is made for this call; ``sleep`` waits out retry
+    delays of a plain handler and ``wall`` stamps failures (tests pass fakes).
+
+    Raises :class:`~parallel_consumer.errors.RetriesExhausted` when a record's failure leads
+    to a stop (``OnExhausted.STOP``, or ``DeadLetter`` with dead-lettering off): the Spark
+    task fails, Spark retries it and in the end fails the query.
+    """
+    lanes = lanes_of(records, options.ordering)
+    result = Result()
+    if not lanes:
+        return result
+    if inspect.iscoroutinefunction(handler):
+        done = asyncio.run(_run_async(lanes, handler, options, group, wall))
+    else:
+        done = _run_threads(lanes, handler, options, group, executor, sleep, wall)
+    for lane in done:
+        result.rows.extend(lane.rows)
+        for tp, tally in lane.tally_of.items():
+            total = result.partitions.get(tp)
+            if total is None:
+                result.partitions[tp] = tally
+            else:
+                total.add(tally)
+    return result
+
+
+def _run_threads(
+    lanes: dict[LaneKey, list[InputRecord]],
+    handler: Callable[[PollContext], object],
+    options: Options,
+    group: str,
+    executor: Executor | None,
+    sleep: Callable[[float], None],
+    wall: Callable[[], float],
+) -> list[_Lane]:
+    own = None
+    if executor is None:
+        own = executor = ThreadPoolExecutor(
+            min(options.max_concurrency, len(lanes)), thread_name_prefix=f"{options.name}-spark"
+        )
+    futures = [
+        executor.submit(_run_lane_sync, _Lane(options, group, wall), lane, handler, sleep)
+        for lane in lanes.values()
+    ]
+    try:
+        done = [future.result() for future in futures]
+    except BaseException:
+        # A stop (or an interrupt): lanes not started yet need not run, and the caller gets
+        # control back without waiting for the lanes still running.
+        for future in futures:
+            future.cancel()
+        if own is not None:
+            own.shutdown(wait=False, cancel_futures=True)
+        raise
+    if own is not None:
+        own.shutdown(wait=True)
+    return done
+
+
+async def _run_async(
+    lanes: dict[LaneKey, list[InputRecord]],
+    handler: Callable[[PollContext], Any],
+    options: Options,
+    group: str,
+    wall: Callable[[], float],
+) -> list[_Lane]:
+    slots = asyncio.Semaphore(options.max_concurrency)
+    tasks = [
+        asyncio.create_task(_run_lane_async(_Lane(options, group, wall), lane, handler, slots))
+        for lane in lanes.values()
+    ]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
