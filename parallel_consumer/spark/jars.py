@@ -156,7 +156,7 @@ def resolve_jars(version: str | None = None, *, timeout: float = 900.0) -> Path:
         if (target / _RESOLVED_MARKER).is_file():
             return target
         with tempfile.TemporaryDirectory(prefix=".resolve-", dir=target.parent) as work:
-            template = importlib.resources.files(__package__).joinpath("jars", "pom.xml")
+            template = importlib.resources.files(__package__).joinpath("maven-pom.xml")
             pom = Path(work) / "pom.xml"
             pom.write_text(template.read_text().replace("@SPARK_VERSION@", version))
             out_dir = Path(work) / "lib"

@@ -37,6 +37,8 @@ def local_session(
     from pyspark.sql import SparkSession
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    # Else Spark binds to the first non-loopback interface of a host that resolves to loopback.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
     settings = {
