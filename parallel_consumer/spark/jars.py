@@ -136,7 +136,9 @@ def _locked(path: Path) -> Iterator[None]:
 
 def _artifact(jar: str) -> str:
     """``lz4-java-1.10.1.jar`` -> ``lz4-java``: the name without its version."""
-    return re.sub(r"-\d[^-]*(-[A-Za-z0-9.]+)*\.jar$", "", jar)
+    # The version is the first "-<digits>.<digits>..." from the left that runs to ".jar"
+    # (``-0-10_2.13`` in spark-sql-kafka-0-10_2.13 is part of the name).
+    return re.sub(r"-\d+(\.\d+)+([.-][A-Za-z0-9]+)*\.jar$", "", jar)
 
 
 def resolve_jars(version: str | None = None, *, timeout: float = 900.0) -> Path:
