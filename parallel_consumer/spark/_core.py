@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -45,6 +46,8 @@ __all__ = [
     "process",
     "source_id",
 ]
+
+log = logging.getLogger("parallel_consumer.spark")
 
 #: Header added to every output row: ``<topic>/<partition>@<offset>/<n>`` of the input record
 #: (``n`` counts its outputs from 0; a dead letter's ``n`` is ``dlq``). Deterministic for a
@@ -174,6 +177,12 @@ def check_options(options: Options, handler: Callable[..., object]) -> None:
         raise ConfigurationError(
             f"Options.batch_size={options.batch_size}: the Spark runner calls the handler with "
             "one record at a time; remove batch_size (Spark already batches by micro-batch)"
+        )
+    if options.processing_timeout is not None:
+        log.warning(
+            "Options.processing_timeout=%s is not applied by the Spark runner (a call runs to "
+            "its end); Spark's own task timeouts and speculation are the tools there",
+            options.processing_timeout,
         )
     if options.runner is RunnerKind.PROCESS:
         raise ConfigurationError(

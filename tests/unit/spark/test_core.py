@@ -359,3 +359,18 @@ def test_importing_the_package_does_not_import_pyspark_or_pyarrow() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert done.stdout.split() == ["False", "False"]
+
+
+def test_the_spark_package_lists_its_public_names() -> None:
+    import types
+
+    import parallel_consumer.spark as spark
+
+    public = {
+        name
+        for name in dir(spark)
+        if not name.startswith("_")
+        and name != "annotations"
+        and not isinstance(getattr(spark, name), types.ModuleType)
+    }
+    assert set(spark.__all__) == public
