@@ -180,6 +180,14 @@ def main() -> int:
         metavar="KEY=VALUE",
         help="a Kafka source option (repeatable), e.g. kafka.fetch.max.wait.ms=500",
     )
+    parser.add_argument(
+        "--spark-conf",
+        type=lambda text: tuple(text.split("=", 1)),
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the session (repeatable)",
+    )
     args = parser.parse_args()
 
     with LocalKafka() as kafka:
@@ -190,7 +198,7 @@ def main() -> int:
         output = create_topic(bootstrap, f"{source}-out", partitions=args.partitions)
         records = produce(bootstrap, source, args.records, args.keys)
         started = time.perf_counter()
-        spark = local_session(args.master, app_name="spark-bench")
+        spark = local_session(args.master, app_name="spark-bench", **dict(args.spark_conf))
         session_s = time.perf_counter() - started
         tasks = int(spark.sparkContext.defaultParallelism)
         try:

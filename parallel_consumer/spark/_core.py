@@ -22,6 +22,7 @@ import asyncio
 import inspect
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -317,8 +318,11 @@ def _run_lane_sync(
     records: Sequence[InputRecord],
     handler: Callable[[PollContext], object],
     sleep: Callable[[float], None],
+    stopping: threading.Event,
 ) -> _Lane:
     for record in records:
+        if stopping.is_set():  # another lane stopped the call: its result is an error anyway
+            break
         lane.started(record)
         attempts, error, first, last = 0, None, None, None
         produced = 0
@@ -331,11 +335,17 @@ def _run_lane_sync(
             attempts += 1
             last = lane.now()
             first = first or last
-            delay = lane.settle(record, error, attempts, first, last)
-            if delay is None:
+            try:
+                delay = lane.settle(record, error, attempts, first, last)
+            except RetriesExhausted:
+                stopping.set()
+                raise
+            if delay is None or stopping.is_set():
                 break
             if delay > 0:
                 sleep(delay)
+                if stopping.is_set():
+                    break
         lane.tally(record).inputs += 1
     return lane
 
@@ -452,8 +462,9 @@ def _run_threads(
         own = executor = ThreadPoolExecutor(
             min(options.max_concurrency, len(lanes)), thread_name_prefix=f"{options.name}-spark"
         )
+    stopping = threading.Event()
     futures = [
-        executor.submit(_run_lane_sync, _Lane(options, group, wall), lane, handler, sleep)
+        executor.submit(_run_lane_sync, _Lane(options, group, wall), lane, handler, sleep, stopping)
         for lane in lanes.values()
     ]
     try:

@@ -242,6 +242,53 @@ def test_a_stop_decision_fails_the_call() -> None:
     assert isinstance(caught.value.__cause__, ValueError)
 
 
+def test_a_stop_ends_the_other_lanes_instead_of_waiting_for_them() -> None:
+    # Given one key that stops at once and another whose record retries forever
+    calls: dict[bytes | None, int] = defaultdict(int)
+    stopped = threading.Event()
+
+    def handler(ctx: PollContext) -> None:
+        calls[ctx.key] += 1
+        if ctx.key == b"k0":
+            raise DeadLetter("stop")  # dead-lettering is off: a stop
+        raise ConnectionError("forever")
+
+    def sleep(seconds: float) -> None:
+        stopped.wait(10)  # a retry delay lasts until the stop is seen (or 10 s)
+
+    # When they run together, the k1 lane sleeping in its retry delay
+    with pytest.raises(RetriesExhausted):
+        process(records(2, 2), handler, Options(max_concurrency=2), sleep=sleep)
+    stopped.set()
+    # Then the call ended with the stop, and k1 was not retried again and again
+    assert calls[b"k0"] == 1
+    assert calls[b"k1"] <= 1  # 0 when the stop came before its lane started
+
+
+def test_one_poison_record_per_key_dead_letters_each_and_every_key_goes_on() -> None:
+    # Given 10 keys whose first record each is poison
+    def handler(ctx: PollContext) -> ProducerRecord:
+        if ctx.offset < 10:
+            raise ValueError("poison")
+        return echo(ctx)
+
+    # When 100 records run with max_retries=1
+    result = process(
+        records(100, 10),
+        handler,
+        Options(max_retries=1, dead_letter_topic="dlq", max_concurrency=4),
+        sleep=Sleeps(),
+    )
+    # Then 10 dead letters (one per key) and 90 outputs, each key's outputs in order
+    assert sorted(r.source_offset for r in result.rows if r.dead_letter) == list(range(10))
+    good = outputs(result.rows)
+    assert len(good) == 90
+    for key in {r.key for r in good}:
+        offsets = [r.source_offset for r in good if r.key == key]
+        assert offsets == sorted(offsets)
+        assert len(offsets) == 9
+
+
 def test_a_wrong_return_type_is_a_failure_of_the_record() -> None:
     def handler(ctx: PollContext) -> object:
         return "not a ProducerRecord"
