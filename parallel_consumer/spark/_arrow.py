@@ -2,14 +2,18 @@
 
 Imports pyarrow only (never pyspark): it runs in Spark's Python workers. One call of the function
 made by :func:`map_function` is one Spark task: the records of the Kafka partitions that task
-holds (whole partitions: the adapter never splits one). Each Arrow batch is processed by the core
-to the end before the next one starts, so order per key holds across batches; a pool of worker
-threads serves the whole task. After the last batch, one summary row per Kafka partition carries
-the task's tallies (``kind`` ``summary``, the tally as JSON in ``value``).
+holds (whole partitions: the adapter never splits one). Each Arrow batch's records join their
+lanes (:class:`~parallel_consumer.spark._lanes.LaneStream`) while earlier ones still run, so the
+JVM reads the next batch while Python works, and order per key holds across batches; finished
+rows go out as each batch arrives. A pool of worker threads serves the whole task. (An
+``async def`` handler runs each batch to its end on an event loop instead.) After the last
+batch, one summary row per Kafka partition carries the task's tallies (``kind`` ``summary``,
+the tally as JSON in ``value``).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +28,7 @@ from parallel_consumer.spark._core import (
     PartitionTally,
     process,
 )
+from parallel_consumer.spark._lanes import LaneStream
 
 __all__ = [
     "INPUT_COLUMNS",
@@ -131,20 +136,44 @@ def map_function(
     handler: Callable[[PollContext], object], options: Options, group: str
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The function to hand to ``DataFrame.mapInArrow`` (picklable when ``handler`` is)."""
+    if inspect.iscoroutinefunction(handler):
+        return _by_batch(handler, options, group)
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
-        tallies: dict[tuple[str, int], PartitionTally] = {}
         with ThreadPoolExecutor(
             options.max_concurrency, thread_name_prefix=f"{options.name}-spark"
         ) as pool:
-            for batch in batches:
-                if batch.num_rows == 0:
-                    continue
-                result = process(_records(batch), handler, options, group=group, executor=pool)
-                for tp, tally in result.partitions.items():
-                    tallies.setdefault(tp, PartitionTally()).add(tally)
-                if result.rows:
-                    yield _batch(result.rows, {})
+            stream = LaneStream(handler, options, group, pool)
+            try:
+                for batch in batches:  # the JVM reads the next batch while the lanes run
+                    if batch.num_rows:
+                        stream.feed(_records(batch))
+                    rows = stream.take()
+                    if rows:
+                        yield _batch(rows, {})
+                rows, tallies = stream.finish()
+            finally:
+                stream.close()
+        yield _batch(rows, tallies)
+
+    return run
+
+
+def _by_batch(
+    handler: Callable[[PollContext], object], options: Options, group: str
+) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """``async def`` handlers: each Arrow batch runs to its end on an event loop of its own."""
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        tallies: dict[tuple[str, int], PartitionTally] = {}
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            result = process(_records(batch), handler, options, group=group)
+            for tp, tally in result.partitions.items():
+                tallies.setdefault(tp, PartitionTally()).add(tally)
+            if result.rows:
+                yield _batch(result.rows, {})
         yield _batch([], tallies)
 
     return run

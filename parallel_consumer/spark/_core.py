@@ -40,11 +40,15 @@ from parallel_consumer.work.outcomes import DeadLetterNow, RetryAt, SkipNow, Sto
 __all__ = [
     "SOURCE_ID",
     "InputRecord",
+    "Lane",
     "OutputRow",
     "PartitionTally",
     "Result",
     "check_options",
+    "lane_key",
+    "lanes_of",
     "process",
+    "run_record",
     "source_id",
 ]
 
@@ -192,7 +196,7 @@ def check_options(options: Options, handler: Callable[..., object]) -> None:
         )
 
 
-class _Lane:
+class Lane:
     """Runs the records of one lane in order; owned by the one thread (or task) that runs it."""
 
     __slots__ = ("group", "options", "rows", "tally_of", "wall")
@@ -313,49 +317,61 @@ def _attempt(handler: Callable[[PollContext], object], record: InputRecord, cont
     return outputs, poll.outcomes(None)[0]
 
 
+def run_record(
+    lane: Lane,
+    record: InputRecord,
+    handler: Callable[[PollContext], object],
+    sleep: Callable[[float], None],
+    stopping: threading.Event,
+) -> None:
+    """Run one record of ``lane`` to its end: success, retries, then skip or dead letter.
+    Raises RetriesExhausted (after setting ``stopping``) on a stop decision."""
+    lane.started(record)
+    attempts, error, first, last = 0, None, None, None
+    produced = 0
+    while True:
+        context = RecordContext(_Message(record), attempts, error, last)
+        outputs, error = _attempt(handler, record, context)
+        produced = lane.emit(record, outputs, produced)
+        if error is None:
+            break
+        attempts += 1
+        last = lane.now()
+        first = first or last
+        try:
+            delay = lane.settle(record, error, attempts, first, last)
+        except RetriesExhausted:
+            stopping.set()
+            raise
+        if delay is None or stopping.is_set():
+            break
+        if delay > 0:
+            sleep(delay)
+            if stopping.is_set():
+                break
+    lane.tally(record).inputs += 1
+
+
 def _run_lane_sync(
-    lane: _Lane,
+    lane: Lane,
     records: Sequence[InputRecord],
     handler: Callable[[PollContext], object],
     sleep: Callable[[float], None],
     stopping: threading.Event,
-) -> _Lane:
+) -> Lane:
     for record in records:
         if stopping.is_set():  # another lane stopped the call: its result is an error anyway
             break
-        lane.started(record)
-        attempts, error, first, last = 0, None, None, None
-        produced = 0
-        while True:
-            context = RecordContext(_Message(record), attempts, error, last)
-            outputs, error = _attempt(handler, record, context)
-            produced = lane.emit(record, outputs, produced)
-            if error is None:
-                break
-            attempts += 1
-            last = lane.now()
-            first = first or last
-            try:
-                delay = lane.settle(record, error, attempts, first, last)
-            except RetriesExhausted:
-                stopping.set()
-                raise
-            if delay is None or stopping.is_set():
-                break
-            if delay > 0:
-                sleep(delay)
-                if stopping.is_set():
-                    break
-        lane.tally(record).inputs += 1
+        run_record(lane, record, handler, sleep, stopping)
     return lane
 
 
 async def _run_lane_async(
-    lane: _Lane,
+    lane: Lane,
     records: Sequence[InputRecord],
     handler: Callable[[PollContext], Any],
     slots: asyncio.Semaphore,
-) -> _Lane:
+) -> Lane:
     for record in records:
         lane.started(record)
         attempts, first, last = 0, None, None
@@ -385,6 +401,16 @@ async def _run_lane_async(
     return lane
 
 
+def lane_key(record: InputRecord, ordering: ProcessingOrder) -> LaneKey:
+    """The lane of ``record``: its key within its partition (KEY), its partition (PARTITION),
+    or itself (UNORDERED)."""
+    if ordering is ProcessingOrder.KEY:
+        return (record.topic, record.partition, record.key)
+    if ordering is ProcessingOrder.PARTITION:
+        return (record.topic, record.partition)
+    return (record.topic, record.partition, record.offset)
+
+
 def lanes_of(
     records: Iterable[InputRecord], ordering: ProcessingOrder
 ) -> dict[LaneKey, list[InputRecord]]:
@@ -392,12 +418,7 @@ def lanes_of(
     in offset order."""
     lanes: dict[LaneKey, list[InputRecord]] = {}
     for record in records:
-        if ordering is ProcessingOrder.KEY:
-            key: LaneKey = (record.topic, record.partition, record.key)
-        elif ordering is ProcessingOrder.PARTITION:
-            key = (record.topic, record.partition)
-        else:
-            key = (record.topic, record.partition, record.offset)
+        key = lane_key(record, ordering)
         lane = lanes.get(key)
         if lane is None:
             lanes[key] = [record]
@@ -456,7 +477,7 @@ def _run_threads(
     executor: Executor | None,
     sleep: Callable[[float], None],
     wall: Callable[[], float],
-) -> list[_Lane]:
+) -> list[Lane]:
     own = None
     if executor is None:
         own = executor = ThreadPoolExecutor(
@@ -464,7 +485,7 @@ def _run_threads(
         )
     stopping = threading.Event()
     futures = [
-        executor.submit(_run_lane_sync, _Lane(options, group, wall), lane, handler, sleep, stopping)
+        executor.submit(_run_lane_sync, Lane(options, group, wall), lane, handler, sleep, stopping)
         for lane in lanes.values()
     ]
     try:
@@ -488,10 +509,10 @@ async def _run_async(
     options: Options,
     group: str,
     wall: Callable[[], float],
-) -> list[_Lane]:
+) -> list[Lane]:
     slots = asyncio.Semaphore(options.max_concurrency)
     tasks = [
-        asyncio.create_task(_run_lane_async(_Lane(options, group, wall), lane, handler, slots))
+        asyncio.create_task(_run_lane_async(Lane(options, group, wall), lane, handler, slots))
         for lane in lanes.values()
     ]
     try:
