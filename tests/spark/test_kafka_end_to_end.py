@@ -131,14 +131,14 @@ def _check_order(outputs: list[Stored]) -> None:
 def _run(start: Callable[[], Any]) -> list[dict[str, Any]]:
     query = start()
     try:
-        assert query.awaitTermination(240) is True, "the availableNow query did not finish"
+        assert query.awaitTermination(200) is True, "the availableNow query did not finish"
         assert query.exception() is None
         return [p for p in query.recentProgress if p["numInputRows"]]
     finally:
         query.stop()
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(300)
 def test_streaming_pipeline_with_failures_then_restart_from_checkpoint(
     spark: SparkSession, kafka: KafkaBroker, topic: TopicFactory, tmp_path: Path
 ) -> None:
@@ -179,6 +179,8 @@ def test_streaming_pipeline_with_failures_then_restart_from_checkpoint(
         assert info is not None
         assert (info.topic, info.reason, info.attempts) == (source, Reason.RETRIES_EXHAUSTED, 3)
         assert info.error_type == "builtins.ValueError"
+        assert info.timestamp is not None  # the source record's time, from Spark's column
+        assert letter.headers[OUTPUT_TOPIC_HEADER] == output.encode()  # its own headers kept
     # And per-key order holds in the output, and each output names its input
     _check_order(outputs)
     assert len({r.headers[SOURCE_ID] for r in outputs}) == len(outputs)
