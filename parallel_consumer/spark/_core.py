@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.dead_letter import dead_letter_headers, default_topic
@@ -67,8 +67,7 @@ TIMESTAMP_NOT_AVAILABLE = 0
 TIMESTAMP_CREATE_TIME = 1
 
 
-@dataclass(frozen=True, slots=True)
-class InputRecord:
+class InputRecord(NamedTuple):
     """One Kafka record as a Spark Kafka source row gives it.
 
     ``timestamp_type`` uses confluent_kafka's numbers (1 create time, 2 log-append time; Spark's
@@ -117,8 +116,7 @@ class _Message:
         return self._record.timestamp_type, millis
 
 
-@dataclass(frozen=True, slots=True)
-class OutputRow:
+class OutputRow(NamedTuple):
     """One record to write: a handler output (``dead_letter`` False) or a dead letter."""
 
     topic: str
@@ -215,26 +213,45 @@ class Lane:
             found = self.tally_of[tp] = PartitionTally()
         return found
 
-    def started(self, record: InputRecord) -> None:
+    def started(self, record: InputRecord) -> PartitionTally:
+        """Count ``record`` in its partition's offset range; returns that partition's tally."""
         tally = self.tally(record)
-        if tally.first_offset < 0 or record.offset < tally.first_offset:
-            tally.first_offset = record.offset
-        tally.last_offset = max(tally.last_offset, record.offset)
+        offset = record.offset
+        if tally.first_offset < 0 or offset < tally.first_offset:
+            tally.first_offset = offset
+        if offset > tally.last_offset:
+            tally.last_offset = offset
+        return tally
 
-    def emit(self, record: InputRecord, outputs: Sequence[ProducerRecord], first: int) -> int:
+    def emit(
+        self,
+        record: InputRecord,
+        outputs: Sequence[ProducerRecord],
+        first: int,
+        tally: PartitionTally,
+    ) -> int:
+        """Add the outputs of one call (numbered from ``first``); returns the next number."""
+        if not outputs:
+            return first
+        topic, partition, offset = record.topic, record.partition, record.offset
+        append = self.rows.append
         for index, out in enumerate(outputs, first):
-            self.rows.append(
+            ident = (SOURCE_ID, source_id(topic, partition, offset, index))
+            headers = out.headers
+            append(
                 OutputRow(
                     out.topic,
                     out.key,
                     out.value,
-                    (*out.headers, (SOURCE_ID, source_id(*_where(record), index))),
+                    (*headers, ident) if headers else (ident,),
                     out.partition,
                     False,
-                    *_where(record),
+                    topic,
+                    partition,
+                    offset,
                 )
             )
-        self.tally(record).outputs += len(outputs)
+        tally.outputs += len(outputs)
         return first + len(outputs)
 
     def settle(
@@ -326,13 +343,13 @@ def run_record(
 ) -> None:
     """Run one record of ``lane`` to its end: success, retries, then skip or dead letter.
     Raises RetriesExhausted (after setting ``stopping``) on a stop decision."""
-    lane.started(record)
+    tally = lane.started(record)
     attempts, error, first, last = 0, None, None, None
     produced = 0
     while True:
         context = RecordContext(_Message(record), attempts, error, last)
         outputs, error = _attempt(handler, record, context)
-        produced = lane.emit(record, outputs, produced)
+        produced = lane.emit(record, outputs, produced, tally)
         if error is None:
             break
         attempts += 1
@@ -349,7 +366,7 @@ def run_record(
             sleep(delay)
             if stopping.is_set():
                 break
-    lane.tally(record).inputs += 1
+    tally.inputs += 1
 
 
 def _run_lane_sync(
@@ -373,7 +390,7 @@ async def _run_lane_async(
     slots: asyncio.Semaphore,
 ) -> Lane:
     for record in records:
-        lane.started(record)
+        tally = lane.started(record)
         attempts, first, last = 0, None, None
         error: BaseException | None = None
         produced = 0
@@ -387,7 +404,7 @@ async def _run_lane_async(
                     outputs, error = [], exc
                 else:
                     error = poll.outcomes(None)[0]
-            produced = lane.emit(record, outputs, produced)
+            produced = lane.emit(record, outputs, produced, tally)
             if error is None:
                 break
             attempts += 1
@@ -397,7 +414,7 @@ async def _run_lane_async(
             if delay is None:
                 break
             await asyncio.sleep(delay)
-        lane.tally(record).inputs += 1
+        tally.inputs += 1
     return lane
 
 
