@@ -41,6 +41,8 @@ __all__ = [
     "SOURCE_ID",
     "InputRecord",
     "Lane",
+    "LaneKey",
+    "Message",
     "OutputRow",
     "PartitionTally",
     "Result",
@@ -83,7 +85,7 @@ class InputRecord(NamedTuple):
     headers: tuple[Header, ...] = ()
 
 
-class _Message:
+class Message:
     """The subset of ``confluent_kafka.Message`` that :class:`RecordContext` reads."""
 
     __slots__ = ("_record",)
@@ -264,7 +266,7 @@ class Lane:
     ) -> float | None:
         """A failed attempt (``attempts`` counts it): the delay before the next one, or None
         when the record is finished (skipped or dead-lettered). Raises on a stop decision."""
-        context = RecordContext(_Message(record), attempts, error, last_failure)
+        context = RecordContext(Message(record), attempts, error, last_failure)
         decision = decide(error, context, time.monotonic(), self.options)
         tally = self.tally(record)
         if isinstance(decision, RetryAt):
@@ -347,7 +349,7 @@ def run_record(
     attempts, error, first, last = 0, None, None, None
     produced = 0
     while True:
-        context = RecordContext(_Message(record), attempts, error, last)
+        context = RecordContext(Message(record), attempts, error, last)
         outputs, error = _attempt(handler, record, context)
         produced = lane.emit(record, outputs, produced, tally)
         if error is None:
@@ -380,41 +382,6 @@ def _run_lane_sync(
         if stopping.is_set():  # another lane stopped the call: its result is an error anyway
             break
         run_record(lane, record, handler, sleep, stopping)
-    return lane
-
-
-async def _run_lane_async(
-    lane: Lane,
-    records: Sequence[InputRecord],
-    handler: Callable[[PollContext], Any],
-    slots: asyncio.Semaphore,
-) -> Lane:
-    for record in records:
-        tally = lane.started(record)
-        attempts, first, last = 0, None, None
-        error: BaseException | None = None
-        produced = 0
-        while True:
-            context = RecordContext(_Message(record), attempts, error, last)
-            poll = PollContext.of_one(context)
-            async with slots:
-                try:
-                    outputs = outputs_of(await handler(poll))
-                except Exception as exc:
-                    outputs, error = [], exc
-                else:
-                    error = poll.outcomes(None)[0]
-            produced = lane.emit(record, outputs, produced, tally)
-            if error is None:
-                break
-            attempts += 1
-            last = lane.now()
-            first = first or last
-            delay = lane.settle(record, error, attempts, first, last)
-            if delay is None:
-                break
-            await asyncio.sleep(delay)
-        tally.inputs += 1
     return lane
 
 
@@ -472,7 +439,9 @@ def process(
     if not lanes:
         return result
     if inspect.iscoroutinefunction(handler):
-        done = asyncio.run(_run_async(lanes, handler, options, group, wall))
+        from parallel_consumer.spark._aio import run_lanes
+
+        done = asyncio.run(run_lanes(lanes, handler, options, group, wall))
     else:
         done = _run_threads(lanes, handler, options, group, executor, sleep, wall)
     for lane in done:
@@ -518,24 +487,3 @@ def _run_threads(
     if own is not None:
         own.shutdown(wait=True)
     return done
-
-
-async def _run_async(
-    lanes: dict[LaneKey, list[InputRecord]],
-    handler: Callable[[PollContext], Any],
-    options: Options,
-    group: str,
-    wall: Callable[[], float],
-) -> list[Lane]:
-    slots = asyncio.Semaphore(options.max_concurrency)
-    tasks = [
-        asyncio.create_task(_run_lane_async(Lane(options, group, wall), lane, handler, slots))
-        for lane in lanes.values()
-    ]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
