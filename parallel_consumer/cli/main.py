@@ -126,7 +126,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "spark" and args.spark_command == "resolve":
             from parallel_consumer.spark.jars import connector_jars
 
-            print("\n".join(str(jar) for jar in connector_jars()))
+            try:
+                found = connector_jars()
+            except ImportError as exc:
+                print(
+                    f"pc: {exc}; install the spark extra: pip install 'parallel-consumer[spark]'",
+                    file=sys.stderr,
+                )
+                return 1
+            print("\n".join(str(jar) for jar in found))
             return 0
     except (LocalKafkaError, ConfigurationError) as exc:
         print(f"pc: {exc}", file=sys.stderr)
