@@ -32,6 +32,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 _THREAD_GRACE_SECONDS = 2.0
 
 
+def _pooled(thread: threading.Thread) -> bool:
+    """py4j's callback connections (Spark calling back into Python, e.g. foreachBatch) are
+    pooled for the whole SparkSession, like the session itself: not a test's leak."""
+    target = getattr(thread, "_target", None)
+    return str(getattr(target, "__module__", "")).startswith("py4j.")
+
+
 def _describe(threads: set[threading.Thread]) -> str:
     return ", ".join(sorted(f"{t.name!r} (daemon={t.daemon})" for t in threads))
 
@@ -51,7 +58,9 @@ def _no_leaked_threads_or_brokers() -> Iterator[None]:
     for broker in leaked_brokers:
         broker.stop()  # stop it anyway, so one leak does not cascade into every later test
     deadline = time.monotonic() + _THREAD_GRACE_SECONDS
-    leaked_threads = {t for t in set(threading.enumerate()) - threads_before if t.is_alive()}
+    leaked_threads = {
+        t for t in set(threading.enumerate()) - threads_before if t.is_alive() and not _pooled(t)
+    }
     while leaked_threads and time.monotonic() < deadline:
         time.sleep(0.05)
         leaked_threads = {t for t in leaked_threads if t.is_alive()}

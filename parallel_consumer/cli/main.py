@@ -1,9 +1,10 @@
 """``pc``: operator and developer commands for parallel_consumer.
 
 ``pc demo`` processes keyed records on a local broker; ``pc kafka start`` runs a local broker
-until Ctrl-C; ``pc kafka resolve`` fills the broker jar cache; ``pc dlq show`` and
-``pc dlq redrive`` inspect and re-publish dead-lettered records; ``pc offsets`` shows a group's
-committed offsets with their decoded offset maps and lag.
+until Ctrl-C; ``pc kafka resolve`` fills the broker jar cache (``pc spark resolve``: Spark's
+Kafka connector jars); ``pc dlq show`` and ``pc dlq redrive`` inspect and re-publish
+dead-lettered records; ``pc offsets`` shows a group's committed offsets with their decoded
+offset maps and lag.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from parallel_consumer.cli import demo, dlq, offsets
+from parallel_consumer.errors import ConfigurationError
 from parallel_consumer.testing import _apache_kafka
 from parallel_consumer.testing.local_kafka import DEFAULT_KAFKA_VERSION, LocalKafka, LocalKafkaError
 
@@ -54,6 +56,14 @@ def _parser() -> argparse.ArgumentParser:
         "resolve", help="download the broker jars with Maven into the cache (once)"
     )
     resolve.add_argument("--version", default=DEFAULT_KAFKA_VERSION, help="Apache Kafka version")
+
+    spark = commands.add_parser("spark", help="the PySpark runner's tools")
+    spark_commands = spark.add_subparsers(dest="spark_command", required=True, metavar="ACTION")
+    spark_commands.add_parser(
+        "resolve",
+        help="download Spark's Kafka connector jars with Maven into the cache (once); needs "
+        "the spark extra",
+    )
 
     demo.add_parser(commands)
     dlq.add_parser(commands)
@@ -113,7 +123,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             lib = _apache_kafka.resolve_jars(args.version)
             print(lib)
             return 0
-    except LocalKafkaError as exc:
+        if args.command == "spark" and args.spark_command == "resolve":
+            from parallel_consumer.spark.jars import connector_jars
+
+            try:
+                found = connector_jars()
+            except ImportError as exc:
+                print(
+                    f"pc: {exc}; install the spark extra: pip install 'parallel-consumer[spark]'",
+                    file=sys.stderr,
+                )
+                return 1
+            print("\n".join(str(jar) for jar in found))
+            return 0
+    except (LocalKafkaError, ConfigurationError) as exc:
         print(f"pc: {exc}", file=sys.stderr)
         return 1
     print(

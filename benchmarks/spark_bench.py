@@ -1,0 +1,282 @@
+"""The PySpark runner against the same core without Spark (issue 12's benchmark).
+
+Run: ``python benchmarks/spark_bench.py [--records 20000] [--keys 100] [--partitions 8]
+[--sleep-ms 2] [--master local[2]] [--max-offsets 5000] [--repeat 3]``.
+
+Workload: ``--records`` records of ``--keys`` keys in ``--partitions`` partitions of a topic on a
+local Apache Kafka broker (same machine); a ``poll_and_produce`` handler that sleeps
+``--sleep-ms`` and returns one output; KEY order, ``--concurrency`` lanes per Spark task.
+
+Each repetition measures, on the same records:
+
+- **spark**: ``run_stream`` with ``trigger(availableNow=True)`` and a fresh checkpoint, from
+  ``start()`` until the query has finished (every input read, every output written to the output
+  topic); ``--max-offsets`` records per micro-batch. The session (started once, about 10 s) is
+  not counted; the Python workers are warmed by a first, unmeasured run.
+- **core**: the core alone (``parallel_consumer.spark.process_records``) in this process over
+  the same micro-batches, one after the other, the batch's Kafka partitions split into the same
+  number of tasks, run side by side in threads. No Kafka I/O, no Spark.
+
+Reported: records/s of each, Spark's overhead (spark - core) in total, split into the query's
+start-up (``start()`` to the first trigger, paid once per query) and the rest per micro-batch,
+and Spark's own progress figures (trigger time per micro-batch, its phases). ``--repeat N``
+prints medians. Every spark run is checked: the output topic holds one output per input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from parallel_consumer import Options, PollContext, ProducerRecord
+from parallel_consumer.spark import InputRecord, local_session, process_records, run_stream
+from parallel_consumer.testing import LocalKafka, create_topic
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def make_handler(output: str, sleep: float) -> Any:
+    def handler(ctx: PollContext) -> ProducerRecord:
+        time.sleep(sleep)
+        return ProducerRecord(output, ctx.value, ctx.key)
+
+    return handler
+
+
+def produce(bootstrap: str, topic: str, n: int, keys: int) -> list[InputRecord]:
+    """Write the inputs; returns them as the core sees them (partition and offset included)."""
+    landed: list[InputRecord] = []
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+
+    def delivered(err: Any, msg: Any) -> None:
+        assert err is None, err
+        ts = msg.timestamp()
+        landed.append(
+            InputRecord(
+                msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), ts[1], ts[0]
+            )
+        )
+
+    for i in range(n):
+        producer.produce(topic, b"%d" % i, b"key-%d" % (i % keys), on_delivery=delivered)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    return sorted(landed, key=lambda r: (r.partition, r.offset))
+
+
+def end_offsets(bootstrap: str, topic: str, partitions: int) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "spark-bench-unused"})
+    try:
+        return sum(
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(partitions)
+        )
+    finally:
+        consumer.close()
+
+
+def run_spark(
+    spark: Any, args: argparse.Namespace, bootstrap: str, source: str, output: str
+) -> dict[str, Any]:
+    before = end_offsets(bootstrap, output, args.partitions)
+    with tempfile.TemporaryDirectory(prefix="spark-bench-") as checkpoint:
+        began = time.perf_counter()
+        began_at = time.time()
+        query = run_stream(
+            spark,
+            make_handler(output, args.sleep_ms / 1000),
+            bootstrap_servers=bootstrap,
+            topic=source,
+            checkpoint=checkpoint,
+            options=Options(max_concurrency=args.concurrency, max_retries=0),
+            source_options={
+                **({"maxOffsetsPerTrigger": args.max_offsets} if args.max_offsets else {}),
+                **dict(args.source_option),
+            },
+            sink_options=dict(args.sink_option),
+            trigger={"availableNow": True},
+        )
+        query.awaitTermination()
+        wall = time.perf_counter() - began
+        assert query.exception() is None, query.exception()
+        batches = [p for p in query.recentProgress if p["numInputRows"]]
+    written = end_offsets(bootstrap, output, args.partitions) - before
+    assert written == args.records, f"{written} outputs for {args.records} inputs"
+    triggers = [p["durationMs"]["triggerExecution"] / 1000 for p in batches]
+    # From start() to the first micro-batch's trigger: the query's own start-up, paid once.
+    first = datetime.fromisoformat(batches[0]["timestamp"].replace("Z", "+00:00"))
+    startup = first.timestamp() - began_at
+    return {
+        "wall_s": wall,
+        "batches": len(batches),
+        "rows": [p["numInputRows"] for p in batches],
+        "trigger_s": triggers,
+        "startup_s": startup,
+        # Where Spark's time per micro-batch goes (seconds, mean over the batches).
+        "phases_s": {
+            phase: statistics.mean(p["durationMs"].get(phase, 0) for p in batches) / 1000
+            for phase in batches[0]["durationMs"]
+        },
+    }
+
+
+def run_core(
+    args: argparse.Namespace, records: list[InputRecord], batches: list[int], tasks: int
+) -> float:
+    """The core over the same micro-batches (sizes ``batches``), one after the other; within a
+    batch the partitions are split into ``tasks`` groups run side by side, as Spark would."""
+    handler = make_handler("out", args.sleep_ms / 1000)
+    options = Options(max_concurrency=args.concurrency, max_retries=0)
+    by_partition: dict[int, list[InputRecord]] = {}
+    for record in records:
+        by_partition.setdefault(record.partition, []).append(record)
+    # Spark's Kafka source splits maxOffsetsPerTrigger over partitions by their share of the lag.
+    share = {p: len(rs) / len(records) for p, rs in by_partition.items()}
+    position = dict.fromkeys(by_partition, 0)
+    began = time.perf_counter()
+    for size in batches:
+        groups: list[list[InputRecord]] = [[] for _ in range(tasks)]
+        for index, (p, rs) in enumerate(sorted(by_partition.items())):
+            take = round(size * share[p])
+            groups[index % tasks].extend(rs[position[p] : position[p] + take])
+            position[p] += take
+        threads = [
+            threading.Thread(target=process_records, args=(group, handler, options))
+            for group in groups
+            if group
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return time.perf_counter() - began
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--keys", type=int, default=100)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--sleep-ms", type=float, default=2.0)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--concurrency", type=int, default=64, help="lanes at once per task")
+    parser.add_argument(
+        "--max-offsets",
+        type=int,
+        default=0,
+        help="maxOffsetsPerTrigger: records per micro-batch (0: all in one)",
+    )
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument(
+        "--source-option",
+        type=lambda text: tuple(text.split("=", 1)),
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Kafka source option (repeatable), e.g. kafka.fetch.max.wait.ms=500",
+    )
+    parser.add_argument(
+        "--sink-option",
+        type=lambda text: tuple(text.split("=", 1)),
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Kafka sink option (repeatable), e.g. kafka.linger.ms=5",
+    )
+    parser.add_argument(
+        "--spark-conf",
+        type=lambda text: tuple(text.split("=", 1)),
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the session (repeatable)",
+    )
+    args = parser.parse_args()
+
+    with LocalKafka() as kafka:
+        bootstrap = kafka.bootstrap_servers
+        source = create_topic(
+            bootstrap, f"spark-bench-{uuid.uuid4().hex[:8]}", partitions=args.partitions
+        )
+        output = create_topic(bootstrap, f"{source}-out", partitions=args.partitions)
+        records = produce(bootstrap, source, args.records, args.keys)
+        started = time.perf_counter()
+        spark = local_session(args.master, app_name="spark-bench", **dict(args.spark_conf))
+        session_s = time.perf_counter() - started
+        tasks = int(spark.sparkContext.defaultParallelism)
+        try:
+            run_spark(spark, args, bootstrap, source, output)  # warm-up: Python workers, JIT
+            runs = []
+            for repetition in range(args.repeat):
+                spark_run = run_spark(spark, args, bootstrap, source, output)
+                core_s = run_core(args, records, spark_run["rows"], tasks)
+                overhead = spark_run["wall_s"] - core_s
+                per_batch = (overhead - spark_run["startup_s"]) / spark_run["batches"]
+                run = {
+                    **spark_run,
+                    "core_s": core_s,
+                    "spark_rps": args.records / spark_run["wall_s"],
+                    "core_rps": args.records / core_s,
+                    "overhead_s": overhead,
+                    "overhead_per_batch_s": per_batch,
+                    "trigger_per_batch_s": statistics.mean(spark_run["trigger_s"]),
+                }
+                runs.append(run)
+                print(
+                    f"run {repetition + 1}: spark {run['wall_s']:.2f} s ({run['spark_rps']:,.0f} "
+                    f"records/s, {run['batches']} micro-batches), core {core_s:.2f} s "
+                    f"({run['core_rps']:,.0f} records/s), overhead {overhead:.2f} s = query "
+                    f"start-up {run['startup_s']:.2f} s + {per_batch:.3f} s per micro-batch",
+                    flush=True,
+                )
+        finally:
+            spark.stop()
+
+    def median(name: str) -> float:
+        return statistics.median(r[name] for r in runs)
+
+    print(
+        f"\nmedians of {len(runs)} ({args.records:,} records, {args.keys} keys, "
+        f"{args.partitions} partitions, {args.sleep_ms} ms handler, {args.master}, "
+        f"{args.concurrency} lanes per task, {args.max_offsets} records per micro-batch):\n"
+        f"  spark   {median('wall_s'):.2f} s  {median('spark_rps'):>9,.0f} records/s\n"
+        f"  core    {median('core_s'):.2f} s  {median('core_rps'):>9,.0f} records/s\n"
+        f"  overhead {median('overhead_s'):.2f} s: query start-up {median('startup_s'):.2f} s, "
+        f"then {median('overhead_per_batch_s'):.3f} s per micro-batch; Spark trigger time per "
+        f"micro-batch {median('trigger_per_batch_s'):.3f} s\n"
+        f"  (session start, not counted: {session_s:.1f} s)"
+    )
+    RESULTS.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    out = RESULTS / f"spark-{stamp}.json"
+    out.write_text(
+        json.dumps(
+            {
+                "args": vars(args),
+                "python": sys.version.split()[0],
+                "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+                "session_s": session_s,
+                "runs": runs,
+            },
+            indent=2,
+        )
+    )
+    print(f"  results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
