@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from parallel_consumer.context import PollContext, RecordContext
+from parallel_consumer.errors import DeadLetter, Skip
 from parallel_consumer.options import Options
 from parallel_consumer.produce import outputs_of
 from parallel_consumer.spark._core import InputRecord, Lane, LaneKey, Message
@@ -41,9 +42,10 @@ async def _run_lane(
             produced = lane.emit(record, outputs, produced, tally)
             if error is None:
                 break
-            attempts += 1
-            last = lane.now()
-            first = first or last
+            if not isinstance(error, Skip | DeadLetter):  # (decisions, not failed attempts)
+                attempts += 1
+                last = lane.now()
+                first = first or last
             delay = lane.settle(record, error, attempts, first, last)
             if delay is None:
                 break

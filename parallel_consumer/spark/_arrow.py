@@ -13,7 +13,6 @@ the tally as JSON in ``value``).
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +21,7 @@ from typing import Any
 
 from parallel_consumer.context import PollContext
 from parallel_consumer.options import Options
+from parallel_consumer.runners.base import handler_kind
 from parallel_consumer.spark._core import (
     InputRecord,
     OutputRow,
@@ -136,7 +136,7 @@ def map_function(
     handler: Callable[[PollContext], object], options: Options, group: str
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The function to hand to ``DataFrame.mapInArrow`` (picklable when ``handler`` is)."""
-    if inspect.iscoroutinefunction(handler):
+    if handler_kind(handler) == "async":
         return _by_batch(handler, options, group)
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:

@@ -19,7 +19,6 @@ replayed micro-batch. Nothing here is shared between calls: every call owns its 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import logging
 import threading
@@ -32,9 +31,10 @@ from typing import Any, NamedTuple, cast
 
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.dead_letter import dead_letter_headers, default_topic
-from parallel_consumer.errors import ConfigurationError, RetriesExhausted
+from parallel_consumer.errors import ConfigurationError, DeadLetter, RetriesExhausted, Skip
 from parallel_consumer.options import Options, ProcessingOrder, RunnerKind
 from parallel_consumer.produce import ProducerRecord, outputs_of
+from parallel_consumer.runners.base import handler_kind
 from parallel_consumer.work.outcomes import DeadLetterNow, RetryAt, SkipNow, StopNow, decide
 
 __all__ = [
@@ -240,6 +240,10 @@ class Lane:
         for index, out in enumerate(outputs, first):
             ident = (SOURCE_ID, source_id(topic, partition, offset, index))
             headers = out.headers
+            if headers:
+                # (an id forwarded from an earlier stage would come first and be taken for this
+                # output's)
+                headers = [h for h in headers if h[0] != SOURCE_ID]
             append(
                 OutputRow(
                     out.topic,
@@ -261,8 +265,8 @@ class Lane:
         record: InputRecord,
         error: BaseException,
         attempts: int,
-        first_failure: datetime,
-        last_failure: datetime,
+        first_failure: datetime | None,
+        last_failure: datetime | None,
     ) -> float | None:
         """A failed attempt (``attempts`` counts it): the delay before the next one, or None
         when the record is finished (skipped or dead-lettered). Raises on a stop decision."""
@@ -289,15 +293,19 @@ class Lane:
         record: InputRecord,
         error: BaseException,
         attempts: int,
-        first_failure: datetime,
-        last_failure: datetime,
+        first_failure: datetime | None,
+        last_failure: datetime | None,
         decision: DeadLetterNow,
     ) -> OutputRow:
+        if isinstance(error, DeadLetter) and error.__cause__ is not None:
+            error = error.__cause__  # `raise DeadLetter(...) from exc`: the headers name exc
+        stamp = record.timestamp_ms
         headers = dead_letter_headers(
             topic=record.topic,
             partition=record.partition,
             offset=record.offset,
-            timestamp_ms=record.timestamp_ms if record.timestamp_ms else None,
+            # (Kafka's -1 means no timestamp)
+            timestamp_ms=stamp if stamp is not None and stamp > 0 else None,
             attempts=attempts,
             error=error,
             first_failure_at=first_failure,
@@ -305,7 +313,9 @@ class Lane:
             group=self.group,
             reason=decision.reason,
             # Kafka headers may have no value; they are kept as they came.
-            original_headers=cast("list[tuple[str, bytes]]", list(record.headers)),
+            original_headers=cast(
+                "list[tuple[str, bytes]]", [h for h in record.headers if h[0] != SOURCE_ID]
+            ),
         )
         topic = self.options.dead_letter_topic or default_topic(record.topic)
         return OutputRow(
@@ -354,9 +364,11 @@ def run_record(
         produced = lane.emit(record, outputs, produced, tally)
         if error is None:
             break
-        attempts += 1
-        last = lane.now()
-        first = first or last
+        if not isinstance(error, Skip | DeadLetter):
+            # (as in the engine: raising Skip or DeadLetter is a decision, not a failed attempt)
+            attempts += 1
+            last = lane.now()
+            first = first or last
         try:
             delay = lane.settle(record, error, attempts, first, last)
         except RetriesExhausted:
@@ -378,10 +390,14 @@ def _run_lane_sync(
     sleep: Callable[[float], None],
     stopping: threading.Event,
 ) -> Lane:
-    for record in records:
-        if stopping.is_set():  # another lane stopped the call: its result is an error anyway
-            break
-        run_record(lane, record, handler, sleep, stopping)
+    try:
+        for record in records:
+            if stopping.is_set():  # another lane stopped the call: its result is an error anyway
+                break
+            run_record(lane, record, handler, sleep, stopping)
+    except BaseException:
+        stopping.set()  # (a SystemExit or KeyboardInterrupt of the handler stops the others)
+        raise
     return lane
 
 
@@ -438,7 +454,7 @@ def process(
     result = Result()
     if not lanes:
         return result
-    if inspect.iscoroutinefunction(handler):
+    if handler_kind(handler) == "async":
         from parallel_consumer.spark._aio import run_lanes
 
         done = asyncio.run(run_lanes(lanes, handler, options, group, wall))
@@ -477,6 +493,7 @@ def _run_threads(
     try:
         done = [future.result() for future in futures]
     except BaseException:
+        stopping.set()  # the lanes still running end after their current record
         # A stop (or an interrupt): lanes not started yet need not run, and the caller gets
         # control back without waiting for the lanes still running.
         for future in futures:

@@ -37,11 +37,6 @@ def no_sleep(seconds: float) -> None:
     pass
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Spark counts a DeadLetter raise as a failed attempt: pc.dlq.attempts 1 and failure "
-    "times set, where the engine writes 0 and empty times",
-)
 def test_dead_letter_on_the_first_call_has_the_engines_attempts_and_times() -> None:
     """Claim (docs/spark.md 'Dead letters'; docs/dead-letters.md): dead-letter rows carry the
     engine's pc.dlq.* headers, built by the same functions; pc.dlq.attempts is "failed calls
@@ -67,11 +62,6 @@ def test_dead_letter_on_the_first_call_has_the_engines_attempts_and_times() -> N
     assert (info.attempts, info.first_failure_at, info.last_failure_at) == (0, None, None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Spark counts the DeadLetter raise as one more failed attempt after real failures "
-    "(3 instead of the engine's 2)",
-)
 def test_dead_letter_after_failures_counts_only_the_failures() -> None:
     """Claim: as above, dead-letter headers equal the engine's. In the engine a record that
     failed twice (ValueError) and then raised DeadLetter has pc.dlq.attempts == 2: the
@@ -95,10 +85,6 @@ def test_dead_letter_after_failures_counts_only_the_failures() -> None:
     assert (info.reason, info.attempts) == (Reason.DEAD_LETTER, 2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Spark writes the DeadLetter's own type, not the chained cause's as the engine does",
-)
 def test_dead_letter_raised_from_an_error_names_the_cause() -> None:
     """Claim (docs/dead-letters.md, pc.dlq.error.type): "for `raise DeadLetter(...) from exc`:
     exc's type"; the engine unwraps ``__cause__`` in _controller._give_up, and docs/spark.md
@@ -122,11 +108,6 @@ def test_dead_letter_raised_from_an_error_names_the_cause() -> None:
     assert info.error_type == "builtins.KeyError"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a record without a timestamp (-1 ms, as Spark's unix_millis gives for Kafka's "
-    "NO_TIMESTAMP) gets pc.dlq.original.timestamp 1969-12-31T23:59:59.999Z; the engine: empty",
-)
 def test_a_record_without_timestamp_has_an_empty_original_timestamp() -> None:
     """Claim: dead-letter headers equal the engine's. The engine passes the timestamp only when
     its type is not NOT_AVAILABLE and millis >= 0 (_dead_letters.DeadLetters.start), else the
@@ -168,11 +149,6 @@ def _logged(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the Spark core detects async handlers with inspect.iscoroutinefunction only: a "
-    "wrapped async handler (functools.wraps) is run as plain, every record fails",
-)
 def test_a_decorated_async_handler_runs_as_async() -> None:
     """Claim (docs/spark.md): the runner runs "the same function the engine runs"; an
     ``async def`` handler runs as tasks on one event loop. The engine finds async handlers
@@ -196,11 +172,6 @@ def test_a_decorated_async_handler_runs_as_async() -> None:
     assert [row.value for row in result.rows] == [b"v0", b"v1"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="after a KeyboardInterrupt/SystemExit in one lane, process() returns but the other "
-    "lanes keep calling the handler for all their remaining records",
-)
 def test_an_interrupt_in_one_lane_stops_the_other_lanes() -> None:
     """Claim (_core._run_threads): on "a stop (or an interrupt): lanes not started yet need not
     run, and the caller gets control back". A stop (RetriesExhausted) sets the shared
@@ -234,11 +205,6 @@ def test_an_interrupt_in_one_lane_stops_the_other_lanes() -> None:
     assert not k1_second.wait(1.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a forwarded input header pc.source.id is kept beside the new one: two ids, the "
-    "upstream one first",
-)
 def test_every_output_carries_exactly_one_source_id() -> None:
     """Claim (docs/spark.md): "Every output carries a pc.source.id header,
     <topic>/<partition>@<offset>/<n> of its input" so readers can drop replayed duplicates.

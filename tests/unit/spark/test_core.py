@@ -217,7 +217,8 @@ def test_dead_letter_and_skip_signals_end_a_record_at_once() -> None:
     assert [r.source_offset for r in letters] == [0]
     info = read_dead_letter(list(letters[0].headers))
     assert info is not None
-    assert (info.reason, info.attempts) == (Reason.DEAD_LETTER, 1)
+    # (raising DeadLetter is a decision, not a failed attempt: as in the engine, attempts 0)
+    assert (info.reason, info.attempts) == (Reason.DEAD_LETTER, 0)
     assert [r.source_offset for r in outputs(result.rows)] == [2]
     assert result.partitions[("in", 0)].skipped == 1
     assert sleeps.delays == []
