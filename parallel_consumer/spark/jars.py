@@ -14,20 +14,16 @@ one by hand.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import importlib.resources
 import logging
 import os
 import re
 import shutil
-import subprocess
-import tempfile
 import urllib.request
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Iterator
 from pathlib import Path
 
+from parallel_consumer._maven import RESOLVED_MARKER, MavenFailed, copy_dependencies, locked
 from parallel_consumer.errors import ConfigurationError
 from parallel_consumer.testing._apache_kafka import cache_root
 
@@ -37,8 +33,6 @@ log = logging.getLogger("parallel_consumer.spark")
 
 _GROUP_PATH = "org/apache/spark/spark-sql-kafka-0-10_2.13"
 _CENTRAL = "https://repo.maven.apache.org/maven2"
-_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.6.1"
-_RESOLVED_MARKER = ".resolved"
 _RELEASE = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
 
 
@@ -80,13 +74,13 @@ def connector_version(spark_version: str | None = None) -> str:
     if override:
         return override
     wanted = spark_version or _pyspark_version()
-    if (jar_dir(wanted) / _RESOLVED_MARKER).is_file():
+    if (jar_dir(wanted) / RESOLVED_MARKER).is_file():
         return wanted
     # A fallback chosen earlier is reused without asking Central again.
     choice = cache_root() / f"spark-kafka-for-{wanted}"
     if choice.is_file():
         chosen = choice.read_text().strip()
-        if (jar_dir(chosen) / _RESOLVED_MARKER).is_file():
+        if (jar_dir(chosen) / RESOLVED_MARKER).is_file():
             return chosen
     target = _release(wanted)
     try:
@@ -122,18 +116,6 @@ def _fits(version: str, target: tuple[int, int, int] | None) -> bool:
     return found is not None and target is not None and found[0] == target[0] and found <= target
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    # Two processes resolving at once (pytest-xdist workers, a benchmark) must not race.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def _artifact(jar: str) -> str:
     """``lz4-java-1.10.1.jar`` -> ``lz4-java``: the name without its version."""
     # The version is the first "-<digits>.<digits>..." from the left that runs to ".jar"
@@ -145,7 +127,7 @@ def resolve_jars(version: str | None = None, *, timeout: float = 900.0) -> Path:
     """Resolve the connector's runtime jars with Maven (once), returning their folder."""
     version = version or connector_version()
     target = jar_dir(version)
-    if (target / _RESOLVED_MARKER).is_file():
+    if (target / RESOLVED_MARKER).is_file():
         return target
     mvn = shutil.which("mvn")
     if mvn is None:
@@ -154,48 +136,29 @@ def resolve_jars(version: str | None = None, *, timeout: float = 900.0) -> Path:
             f"cached in {target}. Install Maven so it can be resolved from Maven Central once, "
             "or pass spark.jars / spark.jars.packages yourself."
         )
-    with _locked(target.parent / ".resolve.lock"):
-        if (target / _RESOLVED_MARKER).is_file():
+    with locked(target.parent / ".resolve.lock"):
+        if (target / RESOLVED_MARKER).is_file():
             return target
-        with tempfile.TemporaryDirectory(prefix=".resolve-", dir=target.parent) as work:
-            template = importlib.resources.files(__package__).joinpath("maven-pom.xml")
-            pom = Path(work) / "pom.xml"
-            pom.write_text(template.read_text().replace("@SPARK_VERSION@", version))
-            out_dir = Path(work) / "lib"
-            argv = [
-                mvn,
-                "-B",
-                "-q",
-                "-f",
-                str(pom),
-                f"{_DEPENDENCY_PLUGIN}:copy-dependencies",
-                f"-DoutputDirectory={out_dir}",
-                "-DincludeScope=runtime",
-            ]
-            try:
-                done = subprocess.run(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    capture_output=True,
-                    text=True,
-                    timeout=timeout,
-                    check=False,
-                )
-            except subprocess.TimeoutExpired as exc:
+        pom = importlib.resources.files(__package__).joinpath("maven-pom.xml").read_text()
+        try:
+            copy_dependencies(
+                target,
+                pom.replace("@SPARK_VERSION@", version),
+                mvn=mvn,
+                expect="spark-sql-kafka-*.jar",
+                marker=version + "\n",
+                timeout=timeout,
+            )
+        except MavenFailed as exc:
+            if exc.timed_out:
                 raise ConfigurationError(
                     f"Maven did not resolve the Spark Kafka connector {version} within "
                     f"{timeout:.0f} s; check network access to Maven Central."
                 ) from exc
-            if done.returncode != 0 or not any(out_dir.glob("spark-sql-kafka-*.jar")):
-                tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-20:])
-                raise ConfigurationError(
-                    f"Maven could not resolve org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
-                    f" (exit {done.returncode}). Last lines of mvn output:\n{tail}"
-                )
-            (out_dir / _RESOLVED_MARKER).write_text(version + "\n")
-            if target.exists():  # a partial folder from an interrupted run
-                shutil.rmtree(target)
-            out_dir.rename(target)
+            raise ConfigurationError(
+                f"Maven could not resolve org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
+                f" (exit {exc.returncode}). Last lines of mvn output:\n{exc.tail}"
+            ) from exc
     return target
 
 

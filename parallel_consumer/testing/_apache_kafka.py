@@ -8,17 +8,14 @@ Jars are resolved once per version into ``<cache>/kafka-<version>/lib`` (``<cach
 from __future__ import annotations
 
 import base64
-import contextlib
-import fcntl
 import importlib.resources
 import os
 import shutil
-import subprocess
-import tempfile
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
+from parallel_consumer._maven import RESOLVED_MARKER, MavenFailed, copy_dependencies, locked
 from parallel_consumer.testing._broker_process import LocalKafkaError
 
 __all__ = [
@@ -37,8 +34,6 @@ __all__ = [
 ]
 
 DEFAULT_KAFKA_VERSION = "4.3.1"
-_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.6.1"
-_RESOLVED_MARKER = ".resolved"
 
 _INSTALL_JAVA = (
     "Install a Java 17+ runtime (e.g. `apt-get install openjdk-17-jre-headless`), "
@@ -63,7 +58,7 @@ def jar_dir(version: str) -> Path:
 
 def is_resolved(version: str) -> bool:
     """Whether a complete classpath for ``version`` is in the cache."""
-    return (jar_dir(version) / _RESOLVED_MARKER).is_file()
+    return (jar_dir(version) / RESOLVED_MARKER).is_file()
 
 
 def require_java() -> str:
@@ -74,18 +69,6 @@ def require_java() -> str:
             f"Java was not found on PATH: the apache backend needs it. {_INSTALL_JAVA}"
         )
     return java
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    # Two test processes (e.g. pytest-xdist workers) resolving at once must not race on one folder.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def resolve_jars(version: str = DEFAULT_KAFKA_VERSION, *, timeout: float = 900.0) -> Path:
@@ -101,49 +84,30 @@ def resolve_jars(version: str = DEFAULT_KAFKA_VERSION, *, timeout: float = 900.0
             "them from Maven Central once, or use backend='tansu' "
             "(pip install 'parallel-consumer[tansu]')."
         )
-    with _locked(target.parent / ".resolve.lock"):
+    with locked(target.parent / ".resolve.lock"):
         if is_resolved(version):
             return target
-        with tempfile.TemporaryDirectory(prefix=".resolve-", dir=target.parent) as work:
-            pom_template = importlib.resources.files(__package__).joinpath("kafka", "pom.xml")
-            pom = Path(work) / "pom.xml"
-            pom.write_text(pom_template.read_text().replace("@KAFKA_VERSION@", version))
-            out_dir = Path(work) / "lib"
-            argv = [
-                mvn,
-                "-B",
-                "-q",
-                "-f",
-                str(pom),
-                f"{_DEPENDENCY_PLUGIN}:copy-dependencies",
-                f"-DoutputDirectory={out_dir}",
-                "-DincludeScope=runtime",
-            ]
-            try:
-                done = subprocess.run(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    capture_output=True,
-                    text=True,
-                    timeout=timeout,
-                    check=False,
-                )
-            except subprocess.TimeoutExpired as exc:
+        pom = importlib.resources.files(__package__).joinpath("kafka", "pom.xml").read_text()
+        try:
+            copy_dependencies(
+                target,
+                pom.replace("@KAFKA_VERSION@", version),
+                mvn=mvn,
+                expect="kafka_2.13-*.jar",
+                marker=version + "\n",
+                timeout=timeout,
+            )
+        except MavenFailed as exc:
+            if exc.timed_out:
                 raise LocalKafkaError(
                     f"Maven did not resolve Kafka {version} within {timeout:.0f} s; "
                     "check network access to Maven Central."
                 ) from exc
-            if done.returncode != 0 or not any(out_dir.glob("kafka_2.13-*.jar")):
-                tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-20:])
-                raise LocalKafkaError(
-                    f"Maven could not resolve org.apache.kafka:kafka_2.13:{version} "
-                    f"(exit {done.returncode}). Is the version on Maven Central, and is Central "
-                    f"reachable? Last lines of mvn output:\n{tail}"
-                )
-            (out_dir / _RESOLVED_MARKER).write_text(version + "\n")
-            if target.exists():  # a partial folder from an interrupted run
-                shutil.rmtree(target)
-            out_dir.rename(target)
+            raise LocalKafkaError(
+                f"Maven could not resolve org.apache.kafka:kafka_2.13:{version} "
+                f"(exit {exc.returncode}). Is the version on Maven Central, and is Central "
+                f"reachable? Last lines of mvn output:\n{exc.tail}"
+            ) from exc
     return target
 
 
