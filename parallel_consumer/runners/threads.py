@@ -143,10 +143,6 @@ class ThreadRunner:
                 self._done(WorkDoneMany(results, service))  # type: ignore[arg-type]
         return moved
 
-    @property
-    def chunks_running(self) -> int:
-        return len(self._active)
-
     def cancel_queued(self) -> list[int]:
         cancelled: list[int] = []
         while True:

@@ -221,8 +221,9 @@ def test_a_partition_whose_offset_map_nears_the_limit_runs_only_its_holes(
 # -- one commit request at a time (a retried older request must not overwrite a newer one) ----
 
 
-def test_a_newer_commit_waits_for_the_answer_to_the_older_one(harness, cluster, wait_until):
-    # Given a commit on its way that the client has not answered (its coordinator is moving)
+def _ten_records_done_behind_a_held_commit(harness, cluster, wait_until):
+    """Offsets 0-9 of t[0] all processed, while the client holds (neither stores nor answers)
+    the periodic commit sent when offset 5 was still running."""
     cluster.create_topic("t", 1)
     for i in range(10):
         cluster.produce("t", b"%d" % i, partition=0)
@@ -239,6 +240,12 @@ def test_a_newer_commit_waits_for_the_answer_to_the_older_one(harness, cluster, 
     wait_until(lambda: consumer.held_commits() == 1, what="a commit on its way")
     release.set()
     wait_until(lambda: pc.statistics().records_succeeded == 10)
+    return pc, consumer
+
+
+def test_a_newer_commit_waits_for_the_answer_to_the_older_one(harness, cluster, wait_until):
+    # Given a commit on its way that the client has not answered (its coordinator is moving)
+    pc, consumer = _ten_records_done_behind_a_held_commit(harness, cluster, wait_until)
     # and a newer commit due meanwhile
     wait_until(
         lambda: consumer.held_commits() >= 2 or pc.statistics().poller.commits_queued >= 1,
@@ -261,22 +268,7 @@ def test_the_final_commit_at_close_goes_out_after_the_commit_on_its_way(
     harness, cluster, wait_until
 ):
     # Given a periodic commit of offset 5 on its way, unanswered
-    cluster.create_topic("t", 1)
-    for i in range(10):
-        cluster.produce("t", b"%d" % i, partition=0)
-    release = threading.Event()
-
-    def handle(ctx: PollContext) -> None:
-        if ctx.offset == 5:
-            release.wait(10)
-
-    pc = harness.make(Options(ordering="partition", commit_interval=0.05))
-    consumer = harness.consumers[0]
-    consumer.hold_commits()
-    pc.poll(handle)
-    wait_until(lambda: consumer.held_commits() == 1, what="a commit on its way")
-    release.set()
-    wait_until(lambda: pc.statistics().records_succeeded == 10)
+    pc, consumer = _ten_records_done_behind_a_held_commit(harness, cluster, wait_until)
     # When the consumer closes (its final commit, of 10, is synchronous)
     closer = threading.Thread(target=pc.close)
     closer.start()
