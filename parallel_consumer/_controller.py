@@ -40,6 +40,7 @@ from parallel_consumer._events import (
     RecordsPolled,
     RecordUnreadable,
     Release,
+    RunDone,
     SetPaused,
     StopPoller,
     WorkDone,
@@ -93,6 +94,7 @@ from parallel_consumer.work.outcomes import (
 from parallel_consumer.work.outputs import Pending, PendingOutputs, TransactionGate
 from parallel_consumer.work.partitions import PartitionState, RecordTotals, restored_state
 from parallel_consumer.work.progress import ProgressWatch, Stall
+from parallel_consumer.work.runs import Run, Runs
 from parallel_consumer.work.shards import ShardMap
 from parallel_consumer.work.stall import StallWatch
 
@@ -116,6 +118,14 @@ ADAPTIVE_DISPATCH = True
 STUCK_AFTER = 0.02
 #: How often the controller looks for stuck chunks while any is running (real seconds).
 STUCK_CHECK_EVERY = 0.01
+#: Runs (docs/performance.md#runs): a partition's records go to one worker as a run, in offset
+#: order, while calls are this many times shorter than a thread hop (chunk_size >= this: calls
+#: of 30 µs at most, where a run is faster than per-record dispatch even with few partitions).
+RUNS = True
+RUN_FROM_CHUNK = 2
+#: A run whose calls take this long on average, once it ran for STUCK_AFTER, is detached: its
+#: calls are no longer short, and must not run one after another while workers are idle.
+RUN_SLOW_CALL = THREAD_HOP
 
 
 class PollerPort(Protocol):
@@ -170,6 +180,11 @@ class Controller:
         self._next_stuck_check = 0.0
         #: Chunks were handed to the runner since nothing was last in flight.
         self._chunks_out = False
+        #: Runs of consecutive records (work/runs.py); decided in start().
+        self._runs = Runs()
+        self._runs_on = False
+        #: Calls of detached runs, now single calls in the in-flight table: batch id -> run.
+        self._adopted: dict[int, Run] = {}
         #: on_stall=DEAD_LETTER: records whose young call was given its chance once already.
         self._stall_chances: set[tuple[TopicPartition, int]] = set()
         self._inbox: queue.SimpleQueue[ControllerEvent] = queue.SimpleQueue()
@@ -267,6 +282,19 @@ class Controller:
             and self._timeout is None
             and callable(getattr(self._runner, "submit_chunk", None))
             and callable(getattr(self._runner, "release_stuck", None))
+        )
+        # Runs carry no per-call bookkeeping: no per-call hooks, no outputs, one record a call.
+        self._runs_on = (
+            RUNS
+            and self._chunks
+            and callable(getattr(self._runner, "submit_run", None))
+            and getattr(self._runner, "runs", False) is True
+            and not self._produces
+            and self._gate is None
+            and self._options.batch_size == 1
+            and self._on_dispatch is None
+            and self._on_work_done is None
+            and self._on_success is None
         )
         self._runner.start(handler, self.post)
         self.lifecycle = Lifecycle.RUNNING
@@ -398,7 +426,7 @@ class Controller:
         if self._chunks_out:
             # Chunks were handed out and calls are in flight: look for stuck ones regularly
             # (a chunk reports only when it ends, so no event may come meanwhile).
-            if self._in_flight:
+            if self._in_flight or self._runs:
                 deadline = min(deadline, now + STUCK_CHECK_EVERY)
             else:
                 self._chunks_out = False
@@ -407,6 +435,9 @@ class Controller:
         return deadline
 
     def _handle(self, event: ControllerEvent) -> None:
+        if isinstance(event, RunDone):
+            self._on_run_done(event)
+            return
         if isinstance(event, WorkDoneMany):
             self._on_chunk_done(event)
             return
@@ -477,18 +508,254 @@ class Controller:
             if skipped:
                 counters.skipped += skipped
                 self._to_release += skipped
+            track = self._progress.track(tp)
+            if fresh and (track is None or track.lowest is None):
+                self._progress_moved.add(tp)
+            if self._runs_on and fresh:
+                fresh = self._to_runs(tp, epoch, fresh)
+                if not fresh:
+                    continue
             if key_order:  # shard_key_for's rule, inline: one call less per record
                 topic, partition = tp
                 items = [WorkItem(m, tp, (topic, partition, m.key()), epoch) for m in fresh]
             else:
                 items = [WorkItem(m, tp, tp, epoch) for m in fresh]
-            track = self._progress.track(tp)
-            if fresh and (track is None or track.lowest is None):
-                self._progress_moved.add(tp)
             if self._history:
                 self._recall_failures(tp, items)
             shards.add(tp, items)
             counters.registered += len(fresh)
+
+    def _to_runs(self, tp: TopicPartition, epoch: int, fresh: list[Any]) -> list[Any]:
+        """Queue for runs what of ``fresh`` may go to them; return the records for the lanes.
+
+        A record goes to a run unless its lane has records (waiting, running or waiting for a
+        retry): each lane's records are all in runs or all in lanes, in offset order either
+        way. A partition with records queued for runs keeps queuing them (behind those), even
+        after calls turned long: the queue goes to the lanes as a whole when it is next due
+        (:meth:`_start_runs`)."""
+        runs = self._runs
+        shards = self._shards
+        if not runs.busy(tp) and (self.chunk_size < RUN_FROM_CHUNK or tp in self._commits.blocked):
+            return fresh
+        if shards.stale_held_in(tp) and not runs.busy(tp):
+            # (rare: a call of a revoked assignment of ``tp`` still runs; its lane waits for
+            # it. A revoke takes the partition's runs back, so none is busy here.)
+            return fresh
+        lanes = shards.lanes_of(tp)
+        if not lanes or self._options.ordering is ProcessingOrder.UNORDERED:
+            to_run, to_lanes = fresh, list[Any]()
+        elif self._options.ordering is ProcessingOrder.PARTITION:
+            return fresh
+        else:
+            topic, partition = tp
+            has_lane = shards.has_lane
+            to_run, to_lanes = list[Any](), list[Any]()
+            for message in fresh:
+                if has_lane((topic, partition, message.key())):
+                    to_lanes.append(message)
+                else:
+                    to_run.append(message)
+        if to_run:
+            runs.queue(tp, epoch, to_run)
+            shards.count_waiting(tp, len(to_run))
+            self._counters.registered += len(to_run)
+        return to_lanes
+
+    def _runs_to_lanes(
+        self, tp: TopicPartition, messages: Sequence[Any] = (), *, counted: bool = False
+    ) -> None:
+        """Put ``messages`` (records of a run that left it, in offset order), then the records
+        queued for runs of ``tp``, into their lanes. ``counted``: ``messages`` count as waiting
+        already."""
+        state = self._partitions[tp]
+        epoch = state.epoch
+        queued = self._runs.take_queued(tp)
+        rest = list(messages)
+        if counted and rest:
+            self._shards.count_waiting(tp, -len(rest))
+        if queued is not None:
+            self._shards.count_waiting(tp, -len(queued[1]))
+            rest.extend(queued[1])
+        if not rest:
+            return
+        if self._options.ordering is ProcessingOrder.KEY:
+            topic, partition = tp
+            items = [WorkItem(m, tp, (topic, partition, m.key()), epoch) for m in rest]
+        else:
+            items = [WorkItem(m, tp, tp, epoch) for m in rest]
+        self._shards.add(tp, items)
+
+    def _item_of(self, tp: TopicPartition, epoch: int, message: Any) -> WorkItem:
+        if self._options.ordering is ProcessingOrder.KEY:
+            return WorkItem(message, tp, (tp[0], tp[1], message.key()), epoch)
+        return WorkItem(message, tp, tp, epoch)
+
+    def _start_runs(self) -> int:
+        """Hand out a run for each partition with records queued and none out, as far as
+        the call limit allows; returns how many runs are out."""
+        runs = self._runs
+        queued = runs.queued
+        limit = self._call_limit()
+        short = self.chunk_size >= RUN_FROM_CHUNK
+        blocked = self._commits.blocked
+        service = self._service or THREAD_HOP
+        longest = max(MAX_CHUNK, int(STUCK_AFTER / 4 / service))
+        sampling = self._sampling
+        timed = sampling.slow_after if sampling is not None else None
+        for tp in list(queued):
+            if tp in runs.active:
+                continue
+            if not short or tp in blocked:
+                self._runs_to_lanes(tp)
+                continue
+            if len(self._in_flight) + len(runs.out) >= limit:
+                break
+            epoch, messages = queued.pop(tp)
+            if len(messages) > longest:
+                queued[tp] = (epoch, messages[longest:])
+                messages = messages[:longest]
+            run = runs.start(tp, epoch, messages, timed=timed)
+            self._counters.runs += 1
+            self._shards.count_waiting(tp, -len(messages))
+            self._runner.submit_run(run)  # type: ignore[attr-defined]
+            self._chunks_out = True
+        return len(runs.out)
+
+    def _on_run_done(self, event: RunDone) -> None:
+        run = event.run
+        self._runs.ended(run)
+        if event.service:
+            self._observe_service(event.service)
+        if run.adopted is not None:
+            # Detached: its records were settled or went to the lanes then, but for the call
+            # that was in progress, which is a single call of the in-flight table now.
+            index, batch_id = run.adopted
+            self._adopted.pop(batch_id, None)
+            if event.ok > index:
+                errors: tuple[BaseException | None] = (None,)
+            elif event.error is not None:
+                errors = (event.error,)
+            else:
+                errors = (CallCancelled("the runner stopped before the call started"),)
+            self._work_done(batch_id, errors, None, event.finished_at, False)
+            return
+        if run.detached:
+            return
+        tp = run.tp
+        state = self._partitions.get(tp)
+        if state is None or state.epoch != run.epoch:  # pragma: no cover - forget detaches
+            self._counters.stale += len(run) - run.settled
+            self._to_release += len(run) - run.settled
+            return
+        if event.samples and self._sampling is not None:
+            self._sample_run(self._sampling, run, event)
+        ok = event.ok
+        self._settle_run(run, state, ok)
+        if ok == len(run):
+            return
+        # The run ended early: a call failed, or the runner stopped. The failed record and all
+        # after it go to the lanes (the failed one busy in its lane, so that the records of
+        # its key wait behind it), where failures are handled as for any record.
+        error = event.error
+        rest = run.messages[ok:]
+        if error is None:
+            self._runs_to_lanes(tp, rest)
+            return
+        item = self._item_of(tp, run.epoch, rest[0])
+        self._shards.adopt(item)
+        self._runs_to_lanes(tp, rest[1:])
+        self._failed(item, error, event.finished_at)
+
+    def _settle_run(self, run: Run, state: PartitionState, upto: int) -> None:
+        """The records of ``run`` from its last settled one up to ``upto`` succeeded."""
+        first = run.settled
+        count = upto - first
+        if count <= 0:
+            return
+        run.settled = upto
+        offsets = [m.offset() for m in run.messages[first:upto]]
+        state.succeeded_many(offsets)
+        state.totals.succeeded += count
+        self._counters.succeeded += count
+        self._to_release += count
+        tp = state.tp
+        track = self._progress.track(tp)
+        if track is not None and track.lowest is not None and track.lowest <= offsets[-1]:
+            self._progress_moved.add(tp)
+        if self._stall_chances:
+            for offset in offsets:
+                self._stall_chances.discard((tp, offset))
+        blocked = self._commits.blocked
+        if blocked and tp in blocked:
+            self._commits.after_success(state)
+
+    def _sample_run(self, sampling: CallSampling, run: Run, event: RunDone) -> None:
+        """The calls of a run its worker timed, for metrics (see :meth:`_sample`)."""
+        finished_at = event.finished_at
+        for index, took in event.samples:
+            periodic = finished_at >= self._next_sample
+            if not periodic and took <= sampling.slow_after:
+                continue
+            if periodic and sampling.interval is not None:
+                self._next_sample = finished_at + sampling.interval
+            error = event.error if index == event.ok else None
+            try:
+                sampling.sample([run.messages[index]], (error,), took, periodic)
+            except Exception:
+                log.warning("metrics failed to take a sample of a call", exc_info=True)
+
+    def _detach_run(self, run: Run, *, drop: bool) -> None:
+        """Take back the records ``run`` has not started: they go to the lanes (or, with
+        ``drop``, stay for the partition's next owner: a close without drain). The call in
+        progress becomes a single call of the in-flight table; finished records are settled."""
+        detached = self._runs.detach(run)
+        state = self._partitions.get(run.tp)
+        if state is None or state.epoch != run.epoch:  # pragma: no cover - forget detaches
+            return
+        self._settle_run(run, state, detached.finished.stop)
+        if detached.running is not None:
+            self._adopt(run, detached.running, lane=True)
+        if drop:
+            self._to_release += len(detached.drained)
+        else:
+            self._runs_to_lanes(run.tp, detached.drained)
+
+    def _adopt(self, run: Run, index: int, *, lane: bool) -> WorkItem:
+        """The call of ``run``'s record ``index`` is in progress while the run is detached:
+        make it a single call of the in-flight table (its lane busy, with ``lane``)."""
+        item = self._item_of(run.tp, run.epoch, run.messages[index])
+        if lane:
+            self._shards.adopt(item)
+        else:
+            item.in_flight = True
+        now = self._clock.monotonic()
+        if run.timed is not None and run.call_started:
+            # (metrics measure the call from its start, not from now)
+            now -= max(0.0, time.perf_counter() - run.call_started)
+        batch = self._in_flight.add((item,), now)
+        run.adopted = (index, batch.id)
+        self._adopted[batch.id] = run
+        return item
+
+    def _check_runs(self, real_now: float) -> None:
+        """Detach runs whose current call takes long (it hangs), or whose calls turned slow:
+        their records not started go to the lanes, and other workers."""
+        for run in list(self._runs.active.values()):
+            started = run.started
+            if not started:
+                continue
+            done = run.done
+            if done != run.progress_seen or not run.progress_at:
+                run.progress_seen = done
+                run.progress_at = real_now
+                ran = real_now - started
+                if ran <= STUCK_AFTER or ran / (done + 1) <= RUN_SLOW_CALL:
+                    continue
+            elif real_now - run.progress_at <= STUCK_AFTER:
+                continue
+            log.debug("%r detached: its calls are no longer short", run)
+            self._counters.runs_detached += 1
+            self._detach_run(run, drop=False)
 
     def _recall_failures(self, tp: TopicPartition, items: list[WorkItem]) -> None:
         history = self._history
@@ -549,7 +816,20 @@ class Controller:
         state = self._partitions.pop(tp, None)
         if state is None:
             return
+        run = self._runs.active.get(tp)
+        if run is not None:
+            # Its finished records are not settled (the partition is gone); the call in
+            # progress is held below like any call in flight of the partition.
+            detached = self._runs.detach(run)
+            run.settled = detached.finished.stop
+            self._counters.stale += len(detached.finished)
+            self._to_release += len(detached.finished) + len(detached.drained)
+            if detached.running is not None:
+                self._adopt(run, detached.running, lane=False)
         self._to_release += self._shards.remove_partition(tp)
+        queued = self._runs.take_queued(tp)  # (remove_partition dropped their waiting count)
+        if queued is not None:
+            self._to_release += len(queued[1])
         self._to_release += self._retries.forget(tp)
         if self._letters is not None:
             self._letters.forget(tp)
@@ -569,11 +849,12 @@ class Controller:
     def _dispatch(self, now: float) -> None:
         if self.lifecycle is not Lifecycle.RUNNING and self.lifecycle is not Lifecycle.DRAINING:
             return
+        runs_out = self._start_runs() if self._runs.queued else len(self._runs.out)
         take = self._shards.take
         blocked = self._commits.blocked
         in_flight = self._in_flight
         chunk = self.chunk_size
-        capacity = self._call_limit() * chunk
+        capacity = (self._call_limit() - runs_out) * chunk
         batch_size = self._options.batch_size
         submit = self._runner.submit
         on_dispatch = self._on_dispatch
@@ -647,6 +928,8 @@ class Controller:
         if real_now < self._next_stuck_check:
             return
         self._next_stuck_check = real_now + STUCK_CHECK_EVERY
+        if self._runs.active:
+            self._check_runs(time.perf_counter())
         moved = self._runner.release_stuck(STUCK_AFTER)  # type: ignore[attr-defined]
         if moved:
             log.debug("%d calls of stuck chunks handed to other workers", moved)
@@ -1126,9 +1409,15 @@ class Controller:
         )
 
     def _update_pauses(self, now: float) -> None:
+        backlog = self._shards.waiting_by_tp
+        if self._runs.active:
+            # A run's records not settled are the partition's backlog too.
+            backlog = dict(backlog)
+            for tp, run in self._runs.active.items():
+                backlog[tp] = backlog.get(tp, 0) + len(run) - run.settled
         wanted = self._pauses.update(
             now,
-            self._shards.waiting_by_tp,
+            backlog,
             self._partitions.keys(),
             running=self.lifecycle is Lifecycle.RUNNING,
             starving=self._starving(),
@@ -1142,6 +1431,7 @@ class Controller:
             stalled=bool(
                 self._shards.waiting
                 and not self._in_flight
+                and not self._runs
                 and not self._pending
                 and not self._retries
                 and not self._deadlines.overruns  # hung calls hold every worker
@@ -1154,7 +1444,7 @@ class Controller:
         report = StallReport(
             waiting=self._shards.waiting,
             retry_waiting=len(self._retries),
-            in_flight=self._in_flight.records,
+            in_flight=self._in_flight.records + self._runs.records_out,
             paused_partitions=len(self._pauses.paused),
             blocked_partitions=len(self._commits.blocked),
             idle_for=idle_for,
@@ -1204,7 +1494,8 @@ class Controller:
             self._sample(self._sampling, call, (error,) * len(call.items), now)
         # The asyncio runner cancels the task, the process runner replaces the worker
         # process; a thread runs on (it holds a worker until it returns: see _call_limit).
-        self._runner.cancel(call.id, error)
+        if call.id not in self._adopted:  # (a detached run's call is on a thread: it runs on)
+            self._runner.cancel(call.id, error)
         if batch.items:
             self._settle(batch, (error,) * len(batch.items), now)
 
@@ -1290,13 +1581,21 @@ class Controller:
         partition up (the workers are busy elsewhere): it is left alone."""
         threshold = self._options.stall_threshold
         assert threshold is not None
-        running = getattr(self._runner, "running", None)
+        runner_running = getattr(self._runner, "running", None)
+        adopted = self._adopted
+
+        def running(batch_id: int) -> bool | None:
+            # (a detached run's call is running; None: the runner cannot tell)
+            if batch_id in adopted:
+                return True
+            return None if runner_running is None else runner_running(batch_id)
+
         for batch in self._in_flight:
             if item not in batch.items:
                 continue
             age = now - batch.started_at
             key = (item.tp, item.offset)
-            if age >= threshold and running is not None and not running(batch.id):
+            if age >= threshold and running(batch.id) is False:
                 # Queued for a worker all this time (the workers are held elsewhere): it is
                 # not what holds the partition up.
                 log.info(
@@ -1349,6 +1648,7 @@ class Controller:
                 self._partitions.values(),
                 progress=self._progress,
                 in_flight=self._in_flight,
+                runs=self._runs,
                 waiting=self._shards.waiting_by_tp,
                 blocked=self._commits.blocked,
                 now=self._clock.monotonic(),
@@ -1400,8 +1700,13 @@ class Controller:
     def _stop_dispatching(self) -> None:
         """Close without drain: records not started stay for the partition's next owner."""
         self.lifecycle = Lifecycle.CLOSING
+        for run in list(self._runs.active.values()):
+            self._detach_run(run, drop=True)
         for tp in list(self._partitions):
             self._to_release += self._shards.remove_partition(tp)
+            queued = self._runs.take_queued(tp)
+            if queued is not None:
+                self._to_release += len(queued[1])
         for batch_id in self._runner.cancel_queued():
             self._deadlines.forget_overrun(batch_id)
             self._deadlines.ended(batch_id)
@@ -1414,7 +1719,7 @@ class Controller:
         close = self._close
         assert close is not None
         # Records whose outputs are on their way (or held back) are in flight too.
-        in_flight = self._in_flight.records + self._pending.records
+        in_flight = self._in_flight.records + self._pending.records + self._runs.records_out
         step = close.step(
             now,
             time.monotonic(),
@@ -1501,12 +1806,14 @@ class Controller:
             overrunning_calls=self._deadlines.overruns,
             chunk_size=self.chunk_size,
             totals=self._totals,
+            runs_out=self._runs.records_out,
         )
 
     def __repr__(self) -> str:
         return (
             f"<Controller {self.lifecycle.name} partitions={len(self._partitions)} "
-            f"waiting={self._shards.waiting} in_flight={self._in_flight.records} "
+            f"waiting={self._shards.waiting} "
+            f"in_flight={self._in_flight.records + self._runs.records_out} "
             f"retries={len(self._retries)}>"
         )
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
 from parallel_consumer.work.item import TopicPartition
+from parallel_consumer.work.runs import Run
 
 __all__ = [
     "Assignment",
@@ -30,6 +31,7 @@ __all__ = [
     "RecordUnreadable",
     "RecordsPolled",
     "Release",
+    "RunDone",
     "SetPaused",
     "StopPoller",
     "Transact",
@@ -155,6 +157,22 @@ class WorkDoneMany:
     service: float
 
 
+@dataclass(frozen=True, slots=True)
+class RunDone:
+    """A run ended (see ``ThreadRunner.submit_run``): its first ``ok`` calls succeeded, and
+    the next one failed with ``error`` (None: none failed; the rest was taken back, or the
+    runner stopped). ``service`` is the mean time per call the worker measured; ``samples``
+    are ``(index, seconds)`` of the calls it timed for metrics (``Run.timed``): the first, and
+    every one longer than ``slow_after``."""
+
+    run: Run
+    ok: int
+    error: BaseException | None
+    finished_at: float
+    service: float
+    samples: tuple[tuple[int, float], ...] = ()
+
+
 # -- producer -> controller -------------------------------------------------------------------
 
 
@@ -208,6 +226,7 @@ ControllerEvent = (
     | PollerFailed
     | WorkDone
     | WorkDoneMany
+    | RunDone
     | OutputsDelivered
     | ProducerFailed
     | Control

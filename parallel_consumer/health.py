@@ -15,6 +15,7 @@ from parallel_consumer.work.inflight import Batch
 from parallel_consumer.work.item import TopicPartition
 from parallel_consumer.work.partitions import PartitionState
 from parallel_consumer.work.progress import ProgressWatch, Stall
+from parallel_consumer.work.runs import Run
 
 __all__ = ["HealthReport", "PartitionHealth", "PartitionStall"]
 
@@ -95,6 +96,7 @@ def partition_health(
     *,
     progress: ProgressWatch,
     in_flight: Iterable[Batch],
+    runs: Iterable[Run] = (),
     waiting: Mapping[TopicPartition, int],
     blocked: Collection[TopicPartition],
     now: float,
@@ -104,6 +106,9 @@ def partition_health(
     for batch in in_flight:
         for item in batch.items:
             running[item.tp] = running.get(item.tp, 0) + 1
+    for run in runs:
+        if not run.detached:
+            running[run.tp] = running.get(run.tp, 0) + len(run) - run.settled
     rows = []
     for state in states:
         tp = state.tp

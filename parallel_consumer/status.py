@@ -144,6 +144,10 @@ class Statistics:
     chunk_size: int = 1
     #: Per partition ever assigned: records processed and attempts failed since the start.
     partition_totals: tuple[PartitionTotals, ...] = ()
+    #: Runs handed out so far (a partition's consecutive records run by one worker, for very
+    #: short calls; docs/performance.md#runs), and runs detached because a call took long.
+    runs: int = 0
+    runs_detached: int = 0
 
 
 def assemble_statistics(
@@ -161,6 +165,7 @@ def assemble_statistics(
     chunk_size: int = 1,
     overrunning_calls: int = 0,
     totals: Mapping[TopicPartition, RecordTotals] | None = None,
+    runs_out: int = 0,
 ) -> Statistics:
     """One snapshot from the views of the controller's parts (on the controller thread)."""
     snapshots = []
@@ -179,9 +184,9 @@ def assemble_statistics(
         records_failed=counters.failed,
         results_stale=counters.stale,
         waiting=shards.waiting,
-        in_flight=in_flight.records,
+        in_flight=in_flight.records + runs_out,
         retry_waiting=retries,
-        held=shards.waiting + in_flight.records + retries + delivering,
+        held=shards.waiting + in_flight.records + runs_out + retries + delivering,
         shards=len(shards),
         commits_sent=counters.commits_sent,
         commits_acknowledged=counters.commits_acknowledged,
@@ -204,6 +209,8 @@ def assemble_statistics(
         overrunning_calls=overrunning_calls,
         partition_stalls=counters.partition_stalls,
         chunk_size=chunk_size,
+        runs=counters.runs,
+        runs_detached=counters.runs_detached,
         partition_totals=tuple(
             PartitionTotals(tp[0], tp[1], t.succeeded, t.failed) for tp, t in (totals or {}).items()
         ),

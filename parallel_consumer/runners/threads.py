@@ -10,10 +10,11 @@ from collections import deque
 from collections.abc import Callable
 
 from parallel_consumer._clock import Clock
-from parallel_consumer._events import CallResult, WorkDone, WorkDoneMany
-from parallel_consumer.context import PollContext
+from parallel_consumer._events import CallResult, RunDone, WorkDone, WorkDoneMany
+from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.hooks import Hooks, NoHooks, active_hooks
 from parallel_consumer.runners.base import CallCancelled, Handler, not_a_result
+from parallel_consumer.work.runs import Run
 
 __all__ = ["ThreadRunner"]
 
@@ -56,8 +57,8 @@ class _Chunk:
                 return out
 
 
-#: One call, a chunk of calls, or None (stop).
-_Task = Call | _Chunk | None
+#: One call, a chunk of calls, a run, or None (stop).
+_Task = Call | _Chunk | Run | None
 
 
 class ThreadRunner:
@@ -118,6 +119,17 @@ class ThreadRunner:
         self._active.add(chunk)
         self._tasks.put(chunk)
 
+    @property
+    def runs(self) -> bool:
+        """Whether :meth:`submit_run` may be used: a run calls no per-call hook."""
+        return self._on_call_start is None and self._on_call_end is None
+
+    def submit_run(self, run: Run) -> None:
+        """Run ``run``'s records one after another on one worker, in offset order, and report
+        once, with a :class:`RunDone`, when they are done, when one fails (the rest is not
+        started) or when the controller took the rest back (:meth:`Runs.detach`)."""
+        self._tasks.put(run)
+
     def release_stuck(self, older_than: float) -> int:
         """For each chunk a worker has run for longer than ``older_than`` seconds (a call that
         hangs, or calls that turned slow): report the calls it finished and hand the ones it
@@ -145,6 +157,7 @@ class ThreadRunner:
 
     def cancel_queued(self) -> list[int]:
         cancelled: list[int] = []
+        runs: list[Run] = []
         while True:
             try:
                 task = self._tasks.get_nowait()
@@ -152,8 +165,14 @@ class ThreadRunner:
                 break
             if isinstance(task, _Chunk):
                 cancelled.extend(batch for batch, _ in task.take_calls())
+            elif isinstance(task, Run):
+                runs.append(task)
             elif task is not None:
                 cancelled.append(task[0])
+        for run in runs:
+            # The controller takes back what a run has not started itself (Runs.detach); the
+            # run goes back to the queue, and the worker that takes it reports it at once.
+            self._tasks.put(run)
         for chunk in list(self._active):
             cancelled.extend(batch for batch, _ in chunk.take_calls())
         return cancelled
@@ -188,7 +207,10 @@ class ThreadRunner:
             task = tasks.get()
             if task is None:
                 return
-            if isinstance(task, _Chunk):
+            if isinstance(task, Run):
+                if not self._run_records(handler, done, task):
+                    return
+            elif isinstance(task, _Chunk):
                 if not self._run_chunk(handler, done, task):
                     return
             elif not self._run_one(handler, done, *task):
@@ -231,6 +253,56 @@ class ThreadRunner:
         if results:
             service = (time.perf_counter() - started) / ran
             done(WorkDoneMany(results, service))  # type: ignore[arg-type]
+        return not stopped
+
+    def _run_records(self, handler: Handler, done: Callable[[WorkDone], None], run: Run) -> bool:
+        """Call the handler for each record of ``run`` in turn until one fails, the rest is
+        taken back, or the runner stops (then returns False). The hot path of short calls: no
+        per-call bookkeeping but ``run.done``."""
+        started = run.started = time.perf_counter()
+        popleft = run.pending.popleft
+        of_one = PollContext.of_one
+        slow_after = run.timed
+        samples: list[tuple[int, float]] = []
+        ok = 0
+        error: BaseException | None = None
+        stopped = False
+        while True:
+            if not self._open:
+                stopped = True
+                break
+            try:
+                message = popleft()
+            except IndexError:
+                break
+            context = of_one(RecordContext(message))
+            if slow_after is not None:
+                t0 = run.call_started = time.perf_counter()
+            try:
+                value = handler(context)
+            except Exception as exc:
+                error = exc
+            except BaseException as exc:
+                log.error(
+                    "handler raised %r for %r; treating it as a failure of the call", exc, context
+                )
+                error = exc
+            else:
+                if value is not None and (wrong := not_a_result(value)) is not None:
+                    error = wrong
+                elif context.has_failures:
+                    error = context.outcomes(None)[0]
+            if slow_after is not None:
+                took = time.perf_counter() - t0
+                if not ok or took > slow_after or error is not None:
+                    samples.append((ok, took))
+            if error is not None:
+                break
+            ok += 1
+            run.done = ok
+        calls = ok + (error is not None)
+        service = (time.perf_counter() - started) / calls if calls else 0.0
+        done(RunDone(run, ok, error, self._clock.monotonic(), service, tuple(samples)))  # type: ignore[arg-type]
         return not stopped
 
     def _call(self, handler: Handler, batch: int, context: PollContext) -> CallResult | None:

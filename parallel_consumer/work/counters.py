@@ -40,3 +40,6 @@ class Counters:
     late_results: int = 0
     #: Stall episodes of single partitions (Options.stall_threshold).
     partition_stalls: int = 0
+    #: Runs handed to the runner (docs/performance.md#runs), and runs detached while running.
+    runs: int = 0
+    runs_detached: int = 0

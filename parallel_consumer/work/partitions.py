@@ -50,6 +50,9 @@ class IncompleteOffsets:
     def discard(self, offset: int) -> None:
         self._members.discard(offset)
 
+    def discard_many(self, offsets: Sequence[int]) -> None:
+        self._members.difference_update(offsets)
+
     def lowest(self) -> int | None:
         order, members = self._order, self._members
         while order and order[0] not in members:
@@ -262,6 +265,13 @@ class PartitionState:
         if offset > self.highest_succeeded:
             self.highest_succeeded = offset
         self.version += 1  # _changed(), inline: this runs once per record
+
+    def succeeded_many(self, offsets: Sequence[int]) -> None:
+        """Records at ``offsets`` (ascending, not empty) succeeded."""
+        self.incomplete.discard_many(offsets)
+        if offsets[-1] > self.highest_succeeded:
+            self.highest_succeeded = offsets[-1]
+        self.version += 1
 
     def has_holes(self) -> bool:
         """An unfinished offset lies below the highest succeeded one (the map is not empty)."""

@@ -68,9 +68,14 @@ class ShardMap:
         #: stays busy until they end, so a record of a revoked and re-assigned partition never
         #: runs beside a stale call of its own lane (KEY and PARTITION only).
         self._stale_running: dict[object, int] = {}
-        #: Records waiting for dispatch, per partition (the back-pressure input).
+        #: Per partition: how many of its calls ``_stale_running`` counts.
+        self._stale_by_tp: dict[TopicPartition, int] = {}
+        #: Records waiting for dispatch, per partition (the back-pressure input; records
+        #: queued for runs count too, see count_waiting).
         self.waiting_by_tp: dict[TopicPartition, int] = {}
         self.waiting = 0
+        #: Lanes per partition (a partition without lanes hands all its records to runs).
+        self._lanes_by_tp: dict[TopicPartition, int] = {}
 
     # -- registration -------------------------------------------------------------------------
 
@@ -83,14 +88,38 @@ class ShardMap:
             key = item.shard_key
             shard = shards.get(key)
             if shard is None:
-                shard = shards[key] = Shard(key, tp)
-                if self._stale_running:
-                    shard.busy = self._stale_running.get(key, 0)
+                shard = self._new_shard(key, tp)
             shard.queue.append(item)
             if not shard.scheduled and not (ordered and shard.busy):
                 shard.scheduled = True
                 ready.append(shard)
         self._count_waiting(tp, len(items))
+
+    def adopt(self, item: WorkItem) -> None:
+        """``item`` is in flight without having been in a lane: a call of a run that left it
+        (detached, or the run's failed record). Its lane is busy until it ends, exactly as if
+        :meth:`take` had handed it out."""
+        shard = self._shards.get(item.shard_key)
+        if shard is None:
+            shard = self._new_shard(item.shard_key, item.tp)
+        shard.busy += 1
+        item.in_flight = True
+
+    def has_lane(self, key: object) -> bool:
+        """Records of lane ``key`` wait, run or wait for a retry here."""
+        return key in self._shards
+
+    def lanes_of(self, tp: TopicPartition) -> int:
+        return self._lanes_by_tp.get(tp, 0)
+
+    def stale_held_in(self, tp: TopicPartition) -> bool:
+        """Some lane of ``tp`` waits for a call of a revoked assignment (see
+        :meth:`hold_for_stale`)."""
+        return tp in self._stale_by_tp
+
+    def count_waiting(self, tp: TopicPartition, delta: int) -> None:
+        """Records of ``tp`` waiting outside the lanes (queued for a run) count as waiting."""
+        self._count_waiting(tp, delta)
 
     def remove_partition(self, tp: TopicPartition) -> int:
         """Forget every shard of ``tp`` (revoked); returns how many waiting records were dropped."""
@@ -103,6 +132,7 @@ class ShardMap:
             dropped += len(shard.queue)
             shard.queue.clear()
         self._parked.pop(tp, None)
+        self._lanes_by_tp.pop(tp, None)
         self.waiting -= self.waiting_by_tp.pop(tp, 0)
         return dropped
 
@@ -113,6 +143,7 @@ class ShardMap:
             return
         key = item.shard_key
         self._stale_running[key] = self._stale_running.get(key, 0) + 1
+        self._stale_by_tp[item.tp] = self._stale_by_tp.get(item.tp, 0) + 1
         shard = self._shards.get(key)
         if shard is not None:
             shard.busy += 1
@@ -127,14 +158,18 @@ class ShardMap:
             del self._stale_running[key]
         else:
             self._stale_running[key] = count - 1
+        by_tp = self._stale_by_tp.get(item.tp, 0)
+        if by_tp > 1:
+            self._stale_by_tp[item.tp] = by_tp - 1
+        else:
+            self._stale_by_tp.pop(item.tp, None)
         shard = self._shards.get(key)
         if shard is not None:
             shard.busy -= 1
             if shard.queue:
                 self._schedule(shard)
             elif not shard.busy:
-                shard.removed = True
-                del self._shards[key]
+                self._drop(shard)
 
     # -- selection ----------------------------------------------------------------------------
 
@@ -190,8 +225,7 @@ class ShardMap:
                 shard.scheduled = True
                 self._ready.append(shard)
         elif not shard.busy:
-            shard.removed = True
-            del self._shards[shard.key]
+            self._drop(shard)
 
     def retry_later(self, item: WorkItem) -> None:
         """``item`` failed and waits for its delay; meanwhile it keeps its shard busy."""
@@ -245,6 +279,24 @@ class ShardMap:
         )
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _new_shard(self, key: object, tp: TopicPartition) -> Shard:
+        shard = self._shards[key] = Shard(key, tp)
+        lanes = self._lanes_by_tp
+        lanes[tp] = lanes.get(tp, 0) + 1
+        if self._stale_running:
+            shard.busy = self._stale_running.get(key, 0)
+        return shard
+
+    def _drop(self, shard: Shard) -> None:
+        shard.removed = True
+        del self._shards[shard.key]
+        lanes = self._lanes_by_tp
+        count = lanes.get(shard.tp, 0)
+        if count > 1:
+            lanes[shard.tp] = count - 1
+        else:
+            lanes.pop(shard.tp, None)
 
     def _schedule(self, shard: Shard) -> None:
         if shard.scheduled or shard.removed or not shard.queue:

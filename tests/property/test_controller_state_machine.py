@@ -2,7 +2,9 @@
 
 Rules: poll, complete ok, fail, revoke, assign, let the poller run its commands, advance the
 clock, and acknowledge or fail a dead letter (a record's second failure, or a KeyError, which
-is non-retryable, dead-letters it). The
+is non-retryable, dead-letters it). With ``batch_size=1`` and short calls the controller hands
+out runs (work/runs.py): a worker starts and ends their calls one by one, and the controller
+may detach a run in the middle (what its stuck check does). The
 model keeps the log, what succeeded (non-stale results only) and what the group
 committed; it plays the poller's part as the real one does: it takes credit for every record it
 hands over and gives it back on ``Release``, runs commands (commits) only when the poller would,
@@ -34,6 +36,7 @@ from parallel_consumer._events import (
     PollerCommand,
     RecordsPolled,
     Release,
+    RunDone,
     WorkDone,
     WorkDoneMany,
 )
@@ -47,6 +50,7 @@ from parallel_consumer.status import PollerStatistics
 from parallel_consumer.testing.clock import FakeClock
 from parallel_consumer.work.commits import CommitAnswer
 from parallel_consumer.work.credit import Credit
+from parallel_consumer.work.runs import Run
 
 TPS = [("t", 0), ("t", 1)]
 KEYS = [b"a", b"b", b"c", None]
@@ -60,6 +64,20 @@ class FakeRunner:
         #: Calls not yet completed: (batch id, [(tp, offset, key, epoch at dispatch)]).
         self.calls: list[tuple[int, list[tuple[tuple[str, int], int, object, int | None]]]] = []
         self.chunks = 0
+        #: Runs handed out and not reported: [run, the message whose call is in progress or
+        #: None, the partition's epoch when it was handed out].
+        self.run_states: list[list[Any]] = []
+        self.runs_handed_out = 0
+
+    #: The thread runner's answer (runs need no per-call hooks).
+    runs = True
+
+    def submit_run(self, run: Run) -> None:
+        self.runs_handed_out += 1
+        self.run_states.append([run, None, self._epoch_of(run.tp)])
+
+    def release_stuck(self, older_than: float) -> int:
+        return 0
 
     def start(self, handler: Callable[[PollContext], object], done: Callable[..., None]) -> None:
         pass
@@ -136,6 +154,8 @@ class ControllerMachine(RuleBasedStateMachine):
     #: Options.processing_timeout: calls past it are abandoned (overruns) and their records
     #: retried while the call runs on; its late result must change nothing.
     processing_timeout: float | None = None
+    #: Options.batch_size: 1 lets the controller hand out runs once calls are short.
+    batch_size = 2
 
     def __init__(self) -> None:
         super().__init__()
@@ -143,7 +163,7 @@ class ControllerMachine(RuleBasedStateMachine):
         self.options = Options(
             ordering=self.ordering,
             max_concurrency=3,
-            batch_size=2,
+            batch_size=self.batch_size,
             commit_interval=1.0,
             retry_delay=0.5,
             max_retries=1,  # a record's second failure dead-letters it
@@ -171,9 +191,13 @@ class ControllerMachine(RuleBasedStateMachine):
             produces=False,
             dead_letters=DeadLetters(self.options, "g"),
         )
+        if self.batch_size == 1:
+            # Calls measured short from the start: the controller hands out runs at once (a
+            # slow completion, took=1.0, sends it back to the lanes, a fast one to runs).
+            self.controller._observe_service(1e-6)
         #: The largest chunk size the controller used so far (calls dispatched under it may
         #: still be in flight after it shrank).
-        self.chunked = 1
+        self.chunked = self.controller.chunk_size
         self.log: dict[tuple[str, int], list[bytes | None]] = {tp: [] for tp in TPS}
         self.position: dict[tuple[str, int], int] = {}
         self.epoch: dict[tuple[str, int], int] = {}
@@ -286,6 +310,43 @@ class ControllerMachine(RuleBasedStateMachine):
         self.controller.post(WorkDoneMany(results, 1e-6 if fast else 1.0))
         self.step()
 
+    @precondition(lambda self: self.runner.run_states)
+    @rule(index=st.integers(min_value=0), outcome=st.sampled_from(["ok", "ok", "fail"]))
+    def run_call(self, index: int, outcome: str) -> None:
+        """The worker of a run: it ends the call in progress (ok, or failed: then it reports
+        the run), or starts the next call, or reports the run when nothing is left to start."""
+        states = self.runner.run_states
+        state = states[index % len(states)]
+        run, current, epoch = state
+        if current is None:
+            try:
+                state[1] = run.pending.popleft()
+            except IndexError:
+                self._report_run(state, None)
+            return
+        if outcome == "fail":
+            self._report_run(state, RuntimeError("handler failed"))
+            return
+        state[1] = None
+        run.done += 1
+        if self.epoch.get(run.tp) == epoch:
+            self.done[run.tp].add(current.offset())
+
+    def _report_run(self, state: list[Any], error: BaseException | None) -> None:
+        self.runner.run_states.remove(state)
+        run = state[0]
+        self.controller.post(RunDone(run, run.done, error, self.clock.monotonic(), 1e-6))
+        self.step()
+
+    @precondition(lambda self: self.controller._runs.active)
+    @rule(index=st.integers(min_value=0))
+    def detach_run(self, index: int) -> None:
+        """The controller's stuck check finds a run whose call takes long: the run is
+        detached (its records not started go to the lanes)."""
+        active = list(self.controller._runs.active.values())
+        self.controller._detach_run(active[index % len(active)], drop=False)
+        self.step()
+
     @precondition(lambda self: self.outputs.sent)
     @rule(index=st.integers(min_value=0), ok=st.booleans())
     def settle_dead_letter(self, index: int, ok: bool) -> None:
@@ -347,7 +408,9 @@ class ControllerMachine(RuleBasedStateMachine):
         its offset is at least the read position and its map marks nothing below it unfinished.
         """
         for _ in range(400):
-            if self.runner.calls:
+            if self.runner.run_states:
+                self.run_call(0, "ok")
+            elif self.runner.calls:
                 self.complete(0, "ok")
             elif self.outputs.sent:
                 self.settle_dead_letter(0, True)
@@ -358,6 +421,7 @@ class ControllerMachine(RuleBasedStateMachine):
             stats = self.controller.statistics()
             if (
                 not self.runner.calls
+                and not self.runner.run_states
                 and not self.outputs.sent
                 and stats.waiting == 0
                 and stats.retry_waiting == 0
@@ -401,6 +465,15 @@ class ControllerMachine(RuleBasedStateMachine):
             # beside a call of the earlier assignment that is still running.
             for _, _, lane, _ in records:
                 lanes[lane] = lanes.get(lane, 0) + 1
+        # A run holds the lanes of its call in progress and of its records not started (they
+        # run one after another, so a lane may appear in it several times).
+        for run, current, _ in self.runner.run_states:
+            held = set()
+            for message in [*([current] if current is not None else []), *run.pending]:
+                tp = (message.topic(), message.partition())
+                held.add((*tp, message.key()) if self.ordering is ProcessingOrder.KEY else tp)
+            for lane in held:
+                lanes[lane] = lanes.get(lane, 0) + 1
         if self.ordering is not ProcessingOrder.UNORDERED:
             assert all(count == 1 for count in lanes.values()), lanes
 
@@ -413,6 +486,8 @@ class ControllerMachine(RuleBasedStateMachine):
         backlog = self.runner.backlog if self.processing_timeout is None else 0
         self.chunked = max(self.chunked, self.controller.chunk_size)
         assert len(self.runner.calls) <= (self.runner.capacity + backlog) * self.chunked
+        # A run takes one worker (or backlog slot).
+        assert len(self.runner.run_states) <= self.runner.capacity + backlog
 
     @invariant()
     def credit_matches_what_the_engine_holds(self) -> None:
@@ -446,9 +521,27 @@ class PartitionMachineWithDeadlines(ControllerMachine):
     processing_timeout = 1.5
 
 
+class KeyMachineWithRuns(ControllerMachine):
+    ordering = ProcessingOrder.KEY
+    batch_size = 1
+
+
+class PartitionMachineWithRuns(ControllerMachine):
+    ordering = ProcessingOrder.PARTITION
+    batch_size = 1
+
+
+class UnorderedMachineWithRuns(ControllerMachine):
+    ordering = ProcessingOrder.UNORDERED
+    batch_size = 1
+
+
 _settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestKeyOrder = _settings(KeyMachine).TestCase
 TestPartitionOrder = _settings(PartitionMachine).TestCase
 TestUnordered = _settings(UnorderedMachine).TestCase
 TestKeyOrderWithDeadlines = _settings(KeyMachineWithDeadlines).TestCase
 TestPartitionOrderWithDeadlines = _settings(PartitionMachineWithDeadlines).TestCase
+TestKeyOrderWithRuns = _settings(KeyMachineWithRuns).TestCase
+TestPartitionOrderWithRuns = _settings(PartitionMachineWithRuns).TestCase
+TestUnorderedWithRuns = _settings(UnorderedMachineWithRuns).TestCase

@@ -246,6 +246,8 @@ def test_partition_order_keeps_every_partition_progressing_with_a_small_buffer(
 ):
     # Given 4 partitions of 200 records and a buffer of 80: the fake client hands out partition 0
     # first, so without per-partition pausing the buffer would hold only partition 0's records
+    # (calls slower than the client, so that the buffer fills: a no-op handler keeps up with
+    # the client, and the order is the client's)
     cluster.create_topic("t", 4)
     for i in range(800):
         cluster.produce("t", b"%d" % i, partition=i // 200)
@@ -255,7 +257,12 @@ def test_partition_order_keeps_every_partition_progressing_with_a_small_buffer(
             ordering="partition", max_concurrency=4, max_buffered_records=80, fetch_batch_size=10
         )
     )
-    pc.poll(lambda ctx: order.append(ctx.partition))
+
+    def handle(ctx):
+        time.sleep(0.0002)
+        order.append(ctx.partition)
+
+    pc.poll(handle)
     wait_until(lambda: len(order) == 800, timeout=30)
     # Then all four partitions ran side by side: each started long before partition 0 finished
     last_of_partition_0 = max(i for i, p in enumerate(order) if p == 0)

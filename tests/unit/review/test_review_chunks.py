@@ -15,6 +15,7 @@ import pytest
 from parallel_consumer import Options, ParallelConsumer, PollContext, ProcessingOrder
 from parallel_consumer.runners import threads as threads_module
 from parallel_consumer.testing.fakes import FakeCluster
+from parallel_consumer.work.runs import Run
 
 
 @pytest.fixture
@@ -165,7 +166,7 @@ class _PreemptedGet:
 
     def get(self, *args: Any, **kwargs: Any) -> Any:
         task = self._inner.get(*args, **kwargs)
-        if self.hold.is_set() and isinstance(task, threads_module._Chunk):
+        if self.hold.is_set() and isinstance(task, threads_module._Chunk | Run):
             self.hold.clear()
             self.held.set()
             self.go.wait(10)

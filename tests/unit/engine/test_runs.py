@@ -1,0 +1,266 @@
+"""Runs: while calls are far shorter than a thread hop, a partition's consecutive records go
+to one worker as a run (docs/performance.md#runs). These tests watch what a user sees, the
+handler's calls, and read ``statistics()`` only once the records they wait for were seen.
+
+Each would fail if a run broke key order, ran a record twice or never, held other keys behind
+a failed or hung record, kept calls that turned slow on one worker, or started a call after
+``close(drain=False)``."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+
+from parallel_consumer import Lifecycle, Options, PollContext, ProcessingOrder
+from parallel_consumer import _controller as controller_module
+
+WARM_UP = 3_000
+
+
+def produce_keyed(cluster, n: int, keys: int, partitions: int, start: int = 0) -> None:
+    if not start:
+        cluster.create_topic("t", partitions)
+    with cluster._cond:
+        for i in range(start, n):
+            cluster.produce("t", b"%d" % i, key=b"k%d" % (i % keys), partition=i % partitions)
+
+
+def warmed_up(cluster, pc, handle, wait_until, n: int, keys: int, partitions: int = 1) -> None:
+    """Start ``pc`` on WARM_UP short calls and wait until they are done (the engine has
+    measured its calls, and no lane holds records); then produce the rest, up to ``n``: it
+    arrives in runs."""
+    produce_keyed(cluster, WARM_UP, keys, partitions)
+    pc.poll(handle)
+    wait_until(lambda: pc.statistics().records_succeeded >= WARM_UP, timeout=60)
+    produce_keyed(cluster, n, keys, partitions, start=WARM_UP)
+
+
+class Log:
+    """What the handler saw, in the order it saw it, and lanes running at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: list[tuple[int, bytes, int, float]] = []
+        self.active: dict[object, int] = defaultdict(int)
+        self.overlaps: list[object] = []
+        self.most_at_once = 0
+        self.running = 0
+
+    def enter(self, ctx: PollContext, lane: object) -> None:
+        with self.lock:
+            self.active[lane] += 1
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+            if self.active[lane] > 1:
+                self.overlaps.append(lane)
+
+    def leave(self, ctx: PollContext, lane: object) -> None:
+        with self.lock:
+            self.active[lane] -= 1
+            self.running -= 1
+            self.calls.append((ctx.partition, ctx.key, ctx.offset, time.monotonic()))
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.calls)
+
+    def by_lane(self) -> dict[tuple[int, bytes], list[int]]:
+        lanes: dict[tuple[int, bytes], list[int]] = defaultdict(list)
+        with self.lock:
+            for partition, key, offset, _ in self.calls:
+                lanes[(partition, key)].append(offset)
+        return lanes
+
+
+def test_short_calls_go_out_in_runs_and_keep_key_order(harness, cluster, wait_until):
+    # Given 40,000 records of 500 keys on 4 partitions and a handler far shorter than a hop
+    produce_keyed(cluster, 40_000, keys=500, partitions=4)
+    log = Log()
+
+    def handle(ctx: PollContext) -> None:
+        lane = (ctx.partition, ctx.key)
+        log.enter(ctx, lane)
+        log.leave(ctx, lane)
+
+    pc = harness.make(Options(ordering=ProcessingOrder.KEY, max_concurrency=8))
+    pc.poll(handle)
+    wait_until(lambda: log.count() >= 40_000, timeout=60)
+
+    # Then each key ran one record at a time, in offset order, each record once; and runs
+    # carried the records
+    assert not log.overlaps
+    lanes = log.by_lane()
+    for offsets in lanes.values():
+        assert offsets == sorted(set(offsets))
+    assert sum(len(v) for v in lanes.values()) == 40_000
+    stats = pc.statistics()
+    assert stats.runs > 0
+    assert stats.records_succeeded == 40_000
+
+
+def test_a_failed_record_holds_its_key_and_not_the_others(harness, cluster, wait_until):
+    # Given one partition of 6,000 records of 100 keys, short calls, and one record (after
+    # runs are on) whose first attempt fails; its retry comes 0.5 s later
+    failing = WARM_UP + 7
+    failing_key = b"k%d" % (failing % 100)
+    log = Log()
+    failed_at: list[float] = []
+
+    def handle(ctx: PollContext) -> None:
+        lane = ctx.key
+        log.enter(ctx, lane)
+        try:
+            if ctx.offset == failing and ctx.attempts == 0:
+                failed_at.append(time.monotonic())
+                raise RuntimeError("first attempt fails")
+        finally:
+            log.leave(ctx, lane)
+
+    pc = harness.make(Options(ordering=ProcessingOrder.KEY, max_concurrency=8, retry_delay=0.5))
+    warmed_up(cluster, pc, handle, wait_until, 6_000, keys=100)
+    wait_until(lambda: pc.statistics().records_succeeded == 6_000, timeout=60)
+
+    # Then the failed record's key waited for its retry: its later records ran after it, in
+    # order; every other key went on meanwhile (all their records ran before the retry)
+    assert not log.overlaps
+    lanes = log.by_lane()
+    key_offsets = lanes[(0, failing_key)]
+    assert key_offsets == sorted(key_offsets)
+    assert key_offsets.count(failing) == 2  # the failed attempt and the retry
+    with log.lock:
+        retried_at = [t for _, _, o, t in log.calls if o == failing][-1]
+        others_after_retry = [o for _, k, o, t in log.calls if k != failing_key and t >= retried_at]
+    assert retried_at - failed_at[0] >= 0.4
+    assert others_after_retry == [], "other keys waited for the failed record's retry"
+    for (_, key), offsets in lanes.items():
+        if key != failing_key:
+            assert offsets == sorted(set(offsets))
+    assert pc.statistics().runs > 0
+
+
+def test_a_hung_call_in_a_run_holds_only_its_key(harness, cluster, wait_until):
+    # Given one partition of 6,000 records of 50 keys and a call that hangs (after runs are on)
+    hung = WARM_UP + 11
+    hung_key = b"k%d" % (hung % 50)
+    release = threading.Event()
+    log = Log()
+
+    def handle(ctx: PollContext) -> None:
+        lane = ctx.key
+        log.enter(ctx, lane)
+        if ctx.offset == hung:
+            release.wait(60)
+        log.leave(ctx, lane)
+
+    pc = harness.make(Options(ordering=ProcessingOrder.KEY, max_concurrency=8))
+    warmed_up(cluster, pc, handle, wait_until, 6_000, keys=50)
+    hung_key_records = sum(1 for i in range(6_000) if i % 50 == hung % 50)
+    try:
+        # Then every record of the other keys runs while it hangs; none of its own key after it
+        wait_until(lambda: log.count() >= 6_000 - hung_key_records + hung // 50, timeout=60)
+        time.sleep(0.1)
+        lanes = log.by_lane()
+        assert all(o < hung for o in lanes[(0, hung_key)])
+        assert sum(len(v) for k, v in lanes.items() if k[1] != hung_key) == (
+            6_000 - hung_key_records
+        )
+    finally:
+        release.set()
+    wait_until(lambda: log.count() >= 6_000, timeout=30)
+    assert not log.overlaps
+    assert log.by_lane()[(0, hung_key)] == sorted(log.by_lane()[(0, hung_key)])
+    stats = pc.statistics()
+    assert stats.runs_detached >= 1
+    assert stats.records_succeeded == 6_000
+
+
+def test_calls_that_turn_slow_leave_their_run_for_other_workers(harness, cluster, wait_until):
+    # Given one partition (UNORDERED), 3,000 short calls, then 200 calls of 5 ms each
+    log = Log()
+
+    def handle(ctx: PollContext) -> None:
+        log.enter(ctx, ctx.offset)
+        if ctx.offset >= WARM_UP:
+            time.sleep(0.005)
+        log.leave(ctx, ctx.offset)
+
+    pc = harness.make(Options(ordering=ProcessingOrder.UNORDERED, max_concurrency=8))
+    warmed_up(cluster, pc, handle, wait_until, WARM_UP + 200, keys=WARM_UP + 200)
+    wait_until(lambda: log.count() >= WARM_UP + 200, timeout=60)
+
+    # Then the slow calls ran side by side on several workers, not one after another in a run
+    # (one after another would take 1 s; eight at a time about 0.13 s)
+    assert log.most_at_once > 1
+    with log.lock:
+        slow = [t for _, _, o, t in log.calls if o >= WARM_UP]
+    assert max(slow) - min(slow) < 0.8
+
+
+def test_close_without_drain_starts_no_call_of_a_run_after_it(
+    harness, cluster, wait_until, monkeypatch
+):
+    # Given runs of short calls that are never detached, and a call, deep inside a run, that
+    # closes the consumer without drain and returns once it is closing
+    monkeypatch.setattr(controller_module, "STUCK_AFTER", 60.0)
+    closing = threading.Event()
+    late: list[int] = []
+    calls = [0]
+    closer: list[threading.Thread] = []
+
+    def handle(ctx: PollContext) -> None:
+        if closing.is_set():
+            late.append(ctx.offset)
+            return
+        calls[0] += 1
+        if calls[0] == WARM_UP + 100 and not closer:
+            thread = threading.Thread(target=pc.close, kwargs={"drain": False, "timeout": 10})
+            closer.append(thread)
+            thread.start()
+            wait_until(lambda: pc._controller.lifecycle is not Lifecycle.RUNNING, timeout=10)
+            closing.set()
+
+    pc = harness.make(Options(ordering=ProcessingOrder.KEY, max_concurrency=8))
+    warmed_up(cluster, pc, handle, wait_until, 20_000, keys=20_000)
+    wait_until(lambda: bool(closer), timeout=60)
+    assert pc.statistics().runs > 0
+    closer[0].join(20)
+    assert not closer[0].is_alive()
+
+    # Then no call started after the close took back what had not started
+    assert late == [], f"{len(late)} calls started after close(drain=False)"
+    assert pc._controller.lifecycle is Lifecycle.CLOSED
+
+
+@pytest.mark.parametrize("ordering", list(ProcessingOrder))
+def test_statistics_count_the_records_of_a_run_as_in_flight(
+    harness, cluster, wait_until, monkeypatch, ordering
+):
+    # Given a run whose call hangs (never detached), deep in a partition of 8,000 records
+    monkeypatch.setattr(controller_module, "STUCK_AFTER", 60.0)
+    release = threading.Event()
+    entered = threading.Event()
+    hang_at = WARM_UP + 500
+
+    def handle(ctx: PollContext) -> None:
+        if ctx.offset == hang_at:
+            entered.set()
+            release.wait(30)
+
+    pc = harness.make(Options(ordering=ordering, max_concurrency=8))
+    warmed_up(cluster, pc, handle, wait_until, 8_000, keys=8_000)
+    try:
+        assert entered.wait(30)
+        # Then statistics and health show the run's records as in flight, and nothing is lost
+        stats = pc.statistics()
+        assert stats.runs > 0
+        assert stats.in_flight >= 1
+        assert stats.held == stats.waiting + stats.in_flight + stats.retry_waiting
+        [row] = pc.health().partitions
+        assert row.in_flight == stats.in_flight
+    finally:
+        release.set()
+    wait_until(lambda: pc.statistics().records_succeeded == 8_000, timeout=60)
+    assert pc.statistics().in_flight == 0
