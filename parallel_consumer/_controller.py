@@ -118,6 +118,9 @@ ADAPTIVE_DISPATCH = True
 STUCK_AFTER = 0.02
 #: How often the controller looks for stuck chunks while any is running (real seconds).
 STUCK_CHECK_EVERY = 0.01
+#: An engine that finished everything it polled commits at once, if the last commit is this
+#: fraction of commit_interval old (docs/commits.md#when-commits-are-sent).
+IDLE_COMMIT_AFTER = 0.1
 #: Runs (docs/performance.md#runs): a partition's records go to one worker as a run, in offset
 #: order, while calls are this many times shorter than a thread hop (chunk_size >= this: calls
 #: of 30 µs at most, where a run is faster than per-record dispatch even with few partitions).
@@ -379,6 +382,13 @@ class Controller:
             elif self._gate.outputs or any(s.dirty for s in self._partitions.values()):
                 self._gate.wanted = True
             self._next_commit = now + self._options.commit_every
+        elif self._gate is None and now >= self._idle_commit_at() and self._drained():
+            # Everything polled is finished: commit it now, not up to commit_interval later
+            # (at most every tenth of commit_interval).
+            commits = self._commits.due(self._partitions.values(), now)
+            if commits:
+                self._send_commits(commits)
+                self._next_commit = now + self._options.commit_every
         outputs = self._outputs
         if outputs is not None and outputs.backlog:
             outputs.pump()
@@ -406,8 +416,28 @@ class Controller:
                 f"{threading.current_thread().name} must post events instead"
             )
 
+    def _idle_commit_at(self) -> float:
+        """When an engine that finished everything may commit, ahead of ``_next_commit``."""
+        every = self._options.commit_every
+        return self._next_commit - every + every * IDLE_COMMIT_AFTER
+
+    def _drained(self) -> bool:
+        """Nothing polled is waiting, running, waiting for a retry or for its outputs."""
+        return not (
+            self._shards.waiting
+            or self._in_flight
+            or self._runs
+            or self._retries
+            or self._pending
+            or (self._letters is not None and len(self._letters) > 0)
+        )
+
     def _next_deadline(self, now: float) -> float:
         deadline = self._next_commit
+        if self._gate is None and self._drained():
+            idle_at = self._idle_commit_at()
+            if idle_at < deadline and any(s.dirty for s in self._partitions.values()):
+                deadline = max(now, idle_at)
         due = self._retries.next_due()
         if due is not None and due < deadline:
             deadline = due
@@ -1401,10 +1431,12 @@ class Controller:
     # -- back-pressure and stalls ---------------------------------------------------------------
 
     def _starving(self) -> bool:
-        """Workers are idle while records wait: every waiting record is behind a busy lane."""
+        """Workers are idle while records wait: every waiting record is behind a busy lane.
+        (Records queued for runs wait for their partition's run by design: one run of a
+        partition at a time is what keeps its order, and it is no sign of crowding.)"""
         return (
-            len(self._in_flight) < self._call_limit()
-            and self._shards.waiting > 0
+            len(self._in_flight) + len(self._runs.out) < self._call_limit()
+            and self._shards.waiting > self._runs.queued_records()
             and not self._shards.has_ready()
         )
 

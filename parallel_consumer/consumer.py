@@ -51,6 +51,10 @@ OnProduced = Callable[[ProduceResult], object]
 #: Producer settings the library relies on: delivery reports for every output.
 _RESERVED_PRODUCER_SETTINGS = ("on_delivery", "delivery.report.only.error", "dr_cb", "dr_msg_cb")
 
+#: The consumer's ``fetch.queue.backoff.ms`` unless ``consumer_config`` sets it (see
+#: ``_checked_config``).
+FETCH_QUEUE_BACKOFF_MS = 20
+
 _instances = itertools.count(1)
 _REQUEST_TIMEOUT = 10.0
 
@@ -81,6 +85,11 @@ def _checked_config(config: object) -> dict[str, Any]:
             "when commits are acknowledged; read commit counts from statistics() instead"
         )
     result["enable.auto.commit"] = False
+    # The engine stops reading while its buffer is full (back-pressure). librdkafka then finds
+    # its prefetch queue over its thresholds and by default waits a whole second before it
+    # fetches again (fetch.queue.backoff.ms=1000): the records stop for up to a second each
+    # time the buffer fills. A short backoff keeps them coming; a user's setting wins.
+    result.setdefault("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS)
     return result
 
 

@@ -177,6 +177,9 @@ class Runs:
     def take_queued(self, tp: TopicPartition) -> tuple[int, list[Any]] | None:
         return self.queued.pop(tp, None)
 
+    def queued_records(self) -> int:
+        return sum(len(messages) for _, messages in self.queued.values()) if self.queued else 0
+
     def waiting(self, tp: TopicPartition) -> int:
         queued = self.queued.get(tp)
         return 0 if queued is None else len(queued[1])

@@ -302,3 +302,39 @@ def test_a_commit_the_client_never_answers_does_not_hold_back_the_next(
     assert len(consumer.commit_log) >= 2
     pc.close()
     assert cluster.committed("g", "t", 0) == (1, None)
+
+
+def test_an_engine_that_finished_everything_commits_without_waiting_for_the_interval(
+    harness, cluster, clock, wait_until
+):
+    # Given commit_interval=5 and two partitions: one whose records all finish, one whose
+    # record hangs
+    cluster.create_topic("t", 2)
+    for i in range(5):
+        cluster.produce("t", b"%d" % i, partition=0)
+    cluster.produce("t", b"hang", partition=1)
+    release = threading.Event()
+
+    def handle(ctx: PollContext) -> None:
+        if ctx.partition == 1:
+            release.wait(10)
+
+    pc = harness.make(Options(commit_interval=5), clock=clock)
+    pc.poll(handle)
+    wait_until(lambda: pc.statistics().records_succeeded == 5)
+    # When a tenth of the interval passes while a call still runs: nothing is committed
+    clock.advance(0.6)
+    pc.statistics()  # (one turn of the controller's loop at the new time)
+    assert cluster.committed("g", "t", 0) is None
+    # When the call ends and everything polled is finished: the commit goes at once
+    release.set()
+    wait_until(lambda: pc.statistics().records_succeeded == 6)
+    wait_until(lambda: cluster.committed("g", "t", 0) == (5, None))
+    wait_until(lambda: cluster.committed("g", "t", 1) == (1, None))
+    # And a later record does not commit again before another tenth of the interval passed
+    cluster.produce("t", b"5", partition=0)
+    wait_until(lambda: pc.statistics().records_succeeded == 7)
+    pc.statistics()
+    assert cluster.committed("g", "t", 0) == (5, None)
+    clock.advance(0.6)
+    wait_until(lambda: cluster.committed("g", "t", 0) == (6, None))
