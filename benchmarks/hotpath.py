@@ -134,6 +134,7 @@ def run_once(args: argparse.Namespace, profile: str | None) -> dict[str, Any]:
     wall = time.perf_counter() - started
     after = _thread_cpu()
     names = {t.native_id: t.name for t in threading.enumerate()}
+    engine = pc.statistics()
     pc.close()
     if shutdown is not None:
         shutdown()
@@ -146,6 +147,9 @@ def run_once(args: argparse.Namespace, profile: str | None) -> dict[str, Any]:
         "wall": wall,
         "records_per_s": args.records / wall,
         "us_per_record": {k: v / args.records * 1e6 for k, v in sorted(cpu.items())},
+        "runs": engine.runs,
+        "runs_detached": engine.runs_detached,
+        "partition_pauses": engine.partition_pauses,
     }
     if profiler is not None:
         stats = pstats.Stats(profiler, stream=sys.stdout)
@@ -169,7 +173,10 @@ def main() -> None:
     runs = [run_once(args, args.profile if i == 0 else None) for i in range(args.repeat)]
     for r in runs:
         parts = "  ".join(f"{k} {v:.1f}" for k, v in r["us_per_record"].items())
-        print(f"{r['records_per_s']:>9,.0f} rec/s  wall {r['wall']:.2f} s  µs/record: {parts}")
+        print(
+            f"{r['records_per_s']:>9,.0f} rec/s  wall {r['wall']:.2f} s  µs/record: {parts}  "
+            f"runs {r['runs']} (detached {r['runs_detached']}), pauses {r['partition_pauses']}"
+        )
     median = statistics.median(r["records_per_s"] for r in runs)
     print(f"median {median:,.0f} records/s ({args.ordering}, batch_size={args.batch_size})")
 

@@ -572,23 +572,37 @@ class Controller:
             # it. A revoke takes the partition's runs back, so none is busy here.)
             return fresh
         lanes = shards.lanes_of(tp)
+        taken: list[WorkItem] = []
         if not lanes or self._options.ordering is ProcessingOrder.UNORDERED:
             to_run, to_lanes = fresh, list[Any]()
         elif self._options.ordering is ProcessingOrder.PARTITION:
-            return fresh
+            idle = shards.take_idle(tp)
+            if idle is None:
+                return fresh
+            # The partition's lane had only records waiting: they run first, then these.
+            taken = idle
+            to_run, to_lanes = [i.message for i in idle] + fresh, []
         else:
+            # A key whose lane only has records waiting joins the runs with them (they come
+            # first): otherwise, under a steady flow, lanes would keep their keys for good.
             topic, partition = tp
             has_lane = shards.has_lane
+            take_idle = shards.take_idle
             to_run, to_lanes = list[Any](), list[Any]()
             for message in fresh:
-                if has_lane((topic, partition, message.key())):
-                    to_lanes.append(message)
-                else:
-                    to_run.append(message)
+                key = (topic, partition, message.key())
+                if has_lane(key):
+                    idle = take_idle(key)
+                    if idle is None:
+                        to_lanes.append(message)
+                        continue
+                    taken.extend(idle)
+                    to_run.extend(i.message for i in idle)
+                to_run.append(message)
         if to_run:
             runs.queue(tp, epoch, to_run)
             shards.count_waiting(tp, len(to_run))
-            self._counters.registered += len(to_run)
+            self._counters.registered += len(to_run) - len(taken)
         return to_lanes
 
     def _runs_to_lanes(
@@ -704,13 +718,14 @@ class Controller:
             return
         run.settled = upto
         offsets = [m.offset() for m in run.messages[first:upto]]
-        state.succeeded_many(offsets)
+        highest = max(offsets)  # (a run is in offset order per lane, not across lanes)
+        state.succeeded_many(offsets, highest)
         state.totals.succeeded += count
         self._counters.succeeded += count
         self._to_release += count
         tp = state.tp
         track = self._progress.track(tp)
-        if track is not None and track.lowest is not None and track.lowest <= offsets[-1]:
+        if track is not None and track.lowest is not None and track.lowest <= highest:
             self._progress_moved.add(tp)
         if self._stall_chances:
             for offset in offsets:

@@ -266,11 +266,11 @@ class PartitionState:
             self.highest_succeeded = offset
         self.version += 1  # _changed(), inline: this runs once per record
 
-    def succeeded_many(self, offsets: Sequence[int]) -> None:
-        """Records at ``offsets`` (ascending, not empty) succeeded."""
+    def succeeded_many(self, offsets: Sequence[int], highest: int) -> None:
+        """Records at ``offsets`` (not empty; ``highest`` the largest) succeeded."""
         self.incomplete.discard_many(offsets)
-        if offsets[-1] > self.highest_succeeded:
-            self.highest_succeeded = offsets[-1]
+        if highest > self.highest_succeeded:
+            self.highest_succeeded = highest
         self.version += 1
 
     def has_holes(self) -> bool:

@@ -1,10 +1,12 @@
 """Runs: consecutive records of one partition handed to one worker, for calls much shorter than
 a thread hand-over (docs/performance.md#runs).
 
-A worker runs a run's records one after another, in offset order, and reports once at the end.
-At most one run of a partition is out at a time, and a partition's records go either to runs
-or to lanes (shards), never to both at once: so every key of the partition sees its records in
-offset order, one at a time, exactly as its lane would have run them. The controller needs no
+A worker runs a run's records one after another, and reports once at the end. A run holds each
+of its lanes' records in offset order (in KEY order, records of different keys may come in any
+order). At most one run of a partition is out at a time, and each lane's records are either all
+in runs or all in the lanes (shards), never in both at once: so every lane sees its records in
+offset order, one at a time, exactly as the lane would have run them. (A lane that only has
+records waiting joins the runs with them, see ShardMap.take_idle.) The controller needs no
 per-record bookkeeping for a run (no work item, no lane, no in-flight entry): it registers the
 polled batch, and settles the run's records as one stretch of offsets when it ends.
 

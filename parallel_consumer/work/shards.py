@@ -109,6 +109,22 @@ class ShardMap:
         """Records of lane ``key`` wait, run or wait for a retry here."""
         return key in self._shards
 
+    def take_idle(self, key: object) -> list[WorkItem] | None:
+        """If lane ``key`` only has records waiting (none in flight or waiting for a retry, no
+        history, not parked): remove the lane and return them, in order, for a run. Else
+        None: the lane stays (``[]`` never comes back)."""
+        shard = self._shards.get(key)
+        if shard is None or shard.busy or shard.parked:
+            return None
+        items = list(shard.queue)
+        for item in items:
+            if item.attempts:
+                return None
+        shard.queue.clear()
+        self._drop(shard)
+        self._count_waiting(shard.tp, -len(items))
+        return items
+
     def lanes_of(self, tp: TopicPartition) -> int:
         return self._lanes_by_tp.get(tp, 0)
 
