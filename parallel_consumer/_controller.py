@@ -436,8 +436,10 @@ class Controller:
         deadline = self._next_commit
         if self._gate is None and self._drained():
             idle_at = self._idle_commit_at()
-            if idle_at < deadline and any(s.dirty for s in self._partitions.values()):
-                deadline = max(now, idle_at)
+            # (Only ahead of now: a turn at or after idle_at has sent what it could; a commit
+            # still awaiting its answer must not make the loop spin until the answer comes.)
+            if now < idle_at < deadline and any(s.dirty for s in self._partitions.values()):
+                deadline = idle_at
         due = self._retries.next_due()
         if due is not None and due < deadline:
             deadline = due
