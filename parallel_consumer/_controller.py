@@ -119,7 +119,7 @@ STUCK_AFTER = 0.02
 #: How often the controller looks for stuck chunks while any is running (real seconds).
 STUCK_CHECK_EVERY = 0.01
 #: An engine that finished everything it polled commits at once, if the last commit is this
-#: fraction of commit_interval old (docs/commits.md#when-commits-are-sent).
+#: fraction of commit_interval old (docs/commits.md#when).
 IDLE_COMMIT_AFTER = 0.1
 #: Runs (docs/performance.md#runs): a partition's records go to one worker as a run, in offset
 #: order, while calls are this many times shorter than a thread hop (chunk_size >= this: calls
@@ -622,14 +622,8 @@ class Controller:
         if queued is not None:
             self._shards.count_waiting(tp, -len(queued[1]))
             rest.extend(queued[1])
-        if not rest:
-            return
-        if self._options.ordering is ProcessingOrder.KEY:
-            topic, partition = tp
-            items = [WorkItem(m, tp, (topic, partition, m.key()), epoch) for m in rest]
-        else:
-            items = [WorkItem(m, tp, tp, epoch) for m in rest]
-        self._shards.add(tp, items)
+        if rest:
+            self._shards.add(tp, [self._item_of(tp, epoch, m) for m in rest])
 
     def _item_of(self, tp: TopicPartition, epoch: int, message: Any) -> WorkItem:
         if self._options.ordering is ProcessingOrder.KEY:

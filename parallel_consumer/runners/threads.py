@@ -14,7 +14,7 @@ from parallel_consumer._events import CallResult, RunDone, WorkDone, WorkDoneMan
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.hooks import Hooks, NoHooks, active_hooks
 from parallel_consumer.runners.base import CallCancelled, Handler, not_a_result
-from parallel_consumer.work.runs import Run
+from parallel_consumer.work.runs import Run, drain_left
 
 __all__ = ["ThreadRunner"]
 
@@ -39,22 +39,10 @@ class _Chunk:
         self.started = 0.0
 
     def take_results(self) -> list[CallResult]:
-        out = []
-        results = self.results
-        while True:
-            try:
-                out.append(results.popleft())
-            except IndexError:
-                return out
+        return drain_left(self.results)
 
     def take_calls(self) -> list[Call]:
-        out = []
-        calls = self.calls
-        while True:
-            try:
-                out.append(calls.popleft())
-            except IndexError:
-                return out
+        return drain_left(self.calls)
 
 
 #: One call, a chunk of calls, a run, or None (stop).

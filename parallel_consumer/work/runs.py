@@ -22,11 +22,24 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from parallel_consumer.work.item import TopicPartition
 
-__all__ = ["Detached", "Run", "Runs"]
+__all__ = ["Detached", "Run", "Runs", "drain_left"]
+
+T = TypeVar("T")
+
+
+def drain_left(items: deque[T]) -> list[T]:
+    """Take every item from the left of ``items`` with ``popleft`` (atomic): safe while another
+    thread takes from the same end, each item goes to exactly one of the two."""
+    out = []
+    while True:
+        try:
+            out.append(items.popleft())
+        except IndexError:
+            return out
 
 
 class Run:
@@ -150,13 +163,7 @@ class Runs:
     def detach(self, run: Run) -> Detached:
         """Take back what ``run`` has not started; the worker ends it after its current call.
         The records it finished and the one in progress are the caller's to settle."""
-        drained: list[Any] = []
-        pending = run.pending
-        while True:
-            try:
-                drained.append(pending.popleft())
-            except IndexError:
-                break
+        drained = drain_left(run.pending)
         # Read after the drain: the worker cannot start another call now, so it has started
         # exactly len(run) - len(drained) calls, all but possibly the last of them finished.
         started = len(run.messages) - len(drained)
@@ -181,10 +188,6 @@ class Runs:
 
     def queued_records(self) -> int:
         return sum(len(messages) for _, messages in self.queued.values()) if self.queued else 0
-
-    def waiting(self, tp: TopicPartition) -> int:
-        queued = self.queued.get(tp)
-        return 0 if queued is None else len(queued[1])
 
     def busy(self, tp: TopicPartition) -> bool:
         """``tp`` has a run out or records queued for one (its next records join them)."""
