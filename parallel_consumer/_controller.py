@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
@@ -109,6 +110,8 @@ WARN_FROM_ATTEMPT = 3
 THREAD_HOP = 60e-6
 #: Most calls in one chunk.
 MAX_CHUNK = 64
+#: The time per call that adaptive dispatch goes by is the median of this many last reports.
+SERVICE_WINDOW = 5
 #: Adaptive dispatch (docs/performance.md#adaptive-dispatch). It needs a runner that can take
 #: over the rest of a chunk whose current call hangs (``release_stuck``).
 ADAPTIVE_DISPATCH = True
@@ -173,8 +176,9 @@ class Controller:
         #: Per partition since the start, across assignments: records processed, attempts
         #: failed (Statistics.partition_totals; metrics read them instead of a hook per call).
         self._totals: dict[TopicPartition, RecordTotals] = {}
-        #: Mean time per call (exponentially weighted) as the runner measured it.
+        #: Time per call as the runner measured it (median of the last reports).
         self._service: float | None = None
+        self._service_window: deque[float] = deque(maxlen=SERVICE_WINDOW)
         #: Calls per hand-over to the runner: 1, or more for calls much shorter than a thread
         #: hop (adaptive dispatch; only runners with ``submit_chunk``, and no deadlines).
         self.chunk_size = 1
@@ -780,7 +784,11 @@ class Controller:
 
     def _check_runs(self, real_now: float) -> None:
         """Detach runs whose current call takes long (it hangs), or whose calls turned slow:
-        their records not started go to the lanes, and other workers."""
+        their records not started go to the lanes, and other workers.
+
+        A run is detached when two looks at least STUCK_CHECK_EVERY apart both find it so: a
+        pause of the whole process (a full garbage collection takes 20-50 ms, and so can a
+        thread starved of the GIL) looks like a stuck run once, and is over at the next look."""
         for run in list(self._runs.active.values()):
             started = run.started
             if not started:
@@ -790,9 +798,16 @@ class Controller:
                 run.progress_seen = done
                 run.progress_at = real_now
                 ran = real_now - started
-                if ran <= STUCK_AFTER or ran / (done + 1) <= RUN_SLOW_CALL:
-                    continue
-            elif real_now - run.progress_at <= STUCK_AFTER:
+                fine = ran <= STUCK_AFTER or ran / (done + 1) <= RUN_SLOW_CALL
+            else:
+                fine = real_now - run.progress_at <= STUCK_AFTER
+            if fine:
+                run.slow_since = 0.0
+                continue
+            if not run.slow_since:
+                run.slow_since = real_now
+                continue
+            if real_now - run.slow_since < STUCK_CHECK_EVERY:
                 continue
             log.debug("%r detached: its calls are no longer short", run)
             self._counters.runs_detached += 1
@@ -955,13 +970,19 @@ class Controller:
     def _observe_service(self, took: float) -> None:
         """Adaptive dispatch: follow the time per call; calls much shorter than a thread hop go
         out in chunks (one hop for many calls), longer ones one by one, so that no call waits
-        behind another on a worker while other workers are idle. A slow call after fast ones
-        shrinks the chunk at once (it weighs 0.2 of the average); fast calls after slow ones
-        grow it over a few chunks."""
+        behind another on a worker while other workers are idle.
+
+        The time per call is the median of the last SERVICE_WINDOW reports (a chunk's or a
+        run's mean, or a single call's). A report is wall time on the worker: one that spans a
+        full garbage collection, or a wait for the GIL, is ten to a thousand times the calls'
+        own, and a mean would take it for slow calls and stop the chunks and runs for a
+        while. The median ignores one such report; calls that really turned slow move it
+        within three reports (and a run or chunk of them is detached or released sooner)."""
         if not self._chunks:
             return
-        previous = self._service
-        service = self._service = took if previous is None else previous * 0.8 + took * 0.2
+        window = self._service_window
+        window.append(took)
+        service = self._service = sorted(window)[len(window) // 2]
         self.chunk_size = max(1, min(MAX_CHUNK, int(THREAD_HOP / max(service, 1e-7))))
 
     def _release_stuck_chunks(self) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from parallel_consumer.bench.model import DataSet
+from parallel_consumer.consumer import FETCH_QUEUE_BACKOFF_MS
 from parallel_consumer.testing import create_topic
 
 __all__ = [
@@ -26,7 +27,12 @@ class BrokerUnreachable(Exception):
 
 
 def base_consumer_config(bootstrap: str, group: str) -> dict[str, Any]:
-    """What every Python contestant's consumer shares (KAFKA.md's fast-test settings)."""
+    """What every Python contestant's consumer shares (KAFKA.md's fast-test settings).
+
+    ``fetch.queue.backoff.ms`` is this library's default (librdkafka's is 1000): with
+    librdkafka's, a loop that reads slower than the client fetches (``serial``, and ``raw``
+    with its log) finds the prefetch queue full, and the client waits a whole second before it
+    fetches again. The peers get the setting a user tuning them would give them."""
     return {
         "bootstrap.servers": bootstrap,
         "group.id": group,
@@ -35,6 +41,7 @@ def base_consumer_config(bootstrap: str, group: str) -> dict[str, Any]:
         "session.timeout.ms": 10000,
         "heartbeat.interval.ms": 1000,
         "fetch.wait.max.ms": 50,
+        "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
     }
 
 

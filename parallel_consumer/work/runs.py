@@ -64,6 +64,7 @@ class Run:
         "progress_at",
         "progress_seen",
         "settled",
+        "slow_since",
         "started",
         "timed",
         "tp",
@@ -101,6 +102,9 @@ class Run:
         #: The stuck check's last look: ``done`` then, and when it last changed.
         self.progress_seen = 0
         self.progress_at = 0.0
+        #: When the stuck check first found the run stuck or slow, in the looks since (0.0
+        #: while it looks fine): it is detached only if a later look agrees.
+        self.slow_since = 0.0
 
     def __len__(self) -> int:
         return len(self.messages)

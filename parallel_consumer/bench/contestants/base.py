@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -40,15 +42,47 @@ class Contestant(Protocol):
         row's work per record, until every record is processed and its commit acknowledged."""
 
 
+class _Columns:
+    """One thread's share of a log: flat arrays and a list of keys, so that logging a record
+    allocates no object the garbage collector tracks (a tuple per record would: 200,000 of
+    them, kept to the end, set off collections that pause every thread of the contestant)."""
+
+    __slots__ = ("keys", "offsets", "partitions", "seq", "took")
+
+    def __init__(self) -> None:
+        self.seq = array("q")
+        self.partitions = array("q")
+        self.keys: list[Any] = []
+        self.offsets = array("q")
+        self.took = array("d")
+
+
+def _first(entry: tuple[Any, ...]) -> Any:
+    return entry[0]
+
+
 class LogRecorder:
-    """Collects what a handler saw as cheaply as it can: one list append per record (atomic
-    under the GIL, no lock); the checks run after the run (``measure``)."""
+    """Collects what a handler saw as cheaply as it can (the harness's cost must not weigh on
+    any contestant): each thread appends to its own columns, with no lock and no object the
+    garbage collector tracks; the checks run after the run, on :attr:`log`."""
 
     def __init__(self, expected: int) -> None:
         self.expected = expected
         self.first_call: float | None = None
-        self.log: list[tuple[int, Any, int, float]] = []
         self.done = threading.Event()
+        self._local = threading.local()
+        self._columns: list[_Columns] = []
+        # next() on a C iterator is atomic under the GIL: the count of records logged so far.
+        self._counter = itertools.count(1)
+        self._count = 0
+
+    def _mine(self) -> _Columns:
+        try:
+            columns: _Columns = self._local.columns
+        except AttributeError:
+            columns = self._local.columns = _Columns()
+            self._columns.append(columns)
+        return columns
 
     def call(self, work: Callable[[], None], records: list[tuple[int, Any, int]]) -> None:
         """Run ``work`` once for ``records`` (a handler call) and log them."""
@@ -58,16 +92,68 @@ class LogRecorder:
         work()
         self.add(records, time.perf_counter() - started)
 
-    def add(self, records: list[tuple[int, Any, int]], took: float) -> None:
-        share = took / len(records)
-        append = self.log.append
+    def add(self, records: Iterable[tuple[int, Any, int]], took: float) -> None:
+        """Log ``records`` as one call that took ``took`` seconds."""
+        columns = self._mine()
+        seq, partitions, keys, offsets = (
+            columns.seq,
+            columns.partitions,
+            columns.keys,
+            columns.offsets,
+        )
+        counter = self._counter
+        count = 0
         for partition, key, offset in records:
-            append((partition, key, offset, share))
-        if len(self.log) >= self.expected:
+            count = next(counter)
+            seq.append(count)
+            partitions.append(partition)
+            keys.append(key)
+            offsets.append(offset)
+        if not count:
+            return
+        added = len(seq) - len(columns.took)
+        columns.took.extend(itertools.repeat(took / added, added))
+        self._count = count
+        if count >= self.expected:
             self.done.set()
+
+    def add_one(self, partition: int, key: Any, offset: int, took: float) -> None:
+        """Log one record (:meth:`add` without its sequence); the first sets ``first_call``."""
+        if self.first_call is None:
+            self.first_call = time.time()
+        columns = self._mine()
+        count = next(self._counter)
+        columns.seq.append(count)
+        columns.partitions.append(partition)
+        columns.keys.append(key)
+        columns.offsets.append(offset)
+        columns.took.append(took)
+        self._count = count
+        if count >= self.expected:
+            self.done.set()
+
+    @property
+    def count(self) -> int:
+        """How many records were logged (at least; exact once the contestant stopped)."""
+        return self._count
+
+    @property
+    def log(self) -> list[tuple[int, Any, int, float]]:
+        """Every record logged, one ``(partition, key, offset, seconds)`` each, in the order
+        they were logged (across threads). Built on demand: read it after the run."""
+        # (strict=False: read while a thread logs, its last record may be half written)
+        rows = sorted(
+            (
+                entry
+                for c in list(self._columns)
+                for entry in zip(c.seq, c.partitions, c.keys, c.offsets, c.took, strict=False)
+            ),
+            key=_first,
+        )
+        return [entry[1:] for entry in rows]
 
     def wait(self, timeout: float, what: str) -> None:
         if not self.done.wait(timeout):
             raise RuntimeError(
-                f"{what}: only {len(self.log)}/{self.expected} records in {timeout:g} s"
+                f"{what}: only {self.count}/{self.expected} records in {timeout:g} s"
             )

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from confluent_kafka import Consumer
 
-from parallel_consumer.bench.contestants.base import RunEnv
+from parallel_consumer.bench.contestants.base import LogRecorder, RunEnv
 from parallel_consumer.bench.kafka_io import base_consumer_config, new_group
 from parallel_consumer.bench.model import Observation, Row
 from parallel_consumer.bench.work import sync_work
@@ -39,26 +38,33 @@ class SerialContestant:
     def run(self, env: RunEnv, row: Row, topic: str, ends: dict[int, int]) -> Observation:
         expected = sum(ends.values())
         work = sync_work(row.work)
+        noop = row.work.kind == "noop"  # nothing to do, nothing to time (as in pc's handler)
         consumer = Consumer(base_consumer_config(env.bootstrap, new_group("serial")))
-        log: list[tuple[int, Any, int, float]] = []
+        recorder = LogRecorder(expected)
+        add = recorder.add_one
         first_call: float | None = None
         started = time.time()
         deadline = time.monotonic() + env.timeout
         try:
             consumer.subscribe([topic])
             since_commit = 0
-            while len(log) < expected:
+            while recorder.count < expected:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"serial {row.name}: only {len(log)}/{expected} records")
+                    raise RuntimeError(
+                        f"serial {row.name}: only {recorder.count}/{expected} records"
+                    )
                 message = consumer.poll(1.0)
                 if message is None or message.error():
                     continue
                 if first_call is None:
                     first_call = time.time()
-                t0 = time.perf_counter()
-                work()
-                took = time.perf_counter() - t0
-                log.append((message.partition() or 0, message.key(), message.offset() or 0, took))
+                if noop:
+                    took = 0.0
+                else:
+                    t0 = time.perf_counter()
+                    work()
+                    took = time.perf_counter() - t0
+                add(message.partition() or 0, message.key(), message.offset() or 0, took)
                 since_commit += 1
                 if since_commit >= SERIAL_COMMIT_EVERY:
                     consumer.commit(asynchronous=False)
@@ -71,7 +77,9 @@ class SerialContestant:
         finally:
             consumer.close()
         assert first_call is not None
-        return Observation(started=started, first_call=first_call, finished=finished, log=log)
+        return Observation(
+            started=started, first_call=first_call, finished=finished, log=recorder.log
+        )
 
 
 class RawContestant:
@@ -91,23 +99,22 @@ class RawContestant:
     def run(self, env: RunEnv, row: Row, topic: str, ends: dict[int, int]) -> Observation:
         expected = sum(ends.values())
         consumer = Consumer(base_consumer_config(env.bootstrap, new_group("raw")))
-        log: list[tuple[int, Any, int, float]] = []
+        recorder = LogRecorder(expected)
         first_call: float | None = None
         started = time.time()
         deadline = time.monotonic() + env.timeout
         try:
             consumer.subscribe([topic])
-            while len(log) < expected:
+            while recorder.count < expected:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"raw {row.name}: only {len(log)}/{expected} records")
+                    raise RuntimeError(f"raw {row.name}: only {recorder.count}/{expected} records")
                 batch = consumer.consume(num_messages=500, timeout=1.0)
                 if batch and first_call is None:
                     first_call = time.time()
-                log.extend(
-                    (m.partition() or 0, m.key(), m.offset() or 0, 0.0)
-                    for m in batch
-                    if not m.error()
+                records = (
+                    (m.partition() or 0, m.key(), m.offset() or 0) for m in batch if not m.error()
                 )
+                recorder.add(records, 0.0)
             finished = time.time()
         finally:
             consumer.close()
@@ -116,6 +123,6 @@ class RawContestant:
             started=started,
             first_call=first_call,
             finished=finished,
-            log=log,
+            log=recorder.log,
             extra={"clock": "first to last record read; raw commits nothing"},
         )

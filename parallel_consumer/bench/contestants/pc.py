@@ -147,6 +147,15 @@ class ParallelConsumerContestant:
                 )
 
             return handle_async
+        if row.work.kind == "noop":
+            # Nothing to do, and nothing to time: only the log (the same as serial's).
+            add_one = recorder.add_one
+
+            def handle_noop(ctx: PollContext) -> None:
+                for r in ctx.records:
+                    add_one(r.partition, r.key, r.offset, 0.0)
+
+            return handle_noop
         work = sync_work(row.work)
 
         def handle(ctx: PollContext) -> None:
