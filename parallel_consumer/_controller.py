@@ -17,7 +17,6 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
@@ -110,8 +109,8 @@ WARN_FROM_ATTEMPT = 3
 THREAD_HOP = 60e-6
 #: Most calls in one chunk.
 MAX_CHUNK = 64
-#: The time per call that adaptive dispatch goes by is the median of this many last reports.
-SERVICE_WINDOW = 5
+#: A report of the time per call counts as at most this many times the mean so far.
+SERVICE_JUMP = 4.0
 #: Adaptive dispatch (docs/performance.md#adaptive-dispatch). It needs a runner that can take
 #: over the rest of a chunk whose current call hangs (``release_stuck``).
 ADAPTIVE_DISPATCH = True
@@ -176,9 +175,8 @@ class Controller:
         #: Per partition since the start, across assignments: records processed, attempts
         #: failed (Statistics.partition_totals; metrics read them instead of a hook per call).
         self._totals: dict[TopicPartition, RecordTotals] = {}
-        #: Time per call as the runner measured it (median of the last reports).
+        #: Time per call as the runner measured it (a weighted mean, see _observe_service).
         self._service: float | None = None
-        self._service_window: deque[float] = deque(maxlen=SERVICE_WINDOW)
         #: Calls per hand-over to the runner: 1, or more for calls much shorter than a thread
         #: hop (adaptive dispatch; only runners with ``submit_chunk``, and no deadlines).
         self.chunk_size = 1
@@ -972,17 +970,21 @@ class Controller:
         out in chunks (one hop for many calls), longer ones one by one, so that no call waits
         behind another on a worker while other workers are idle.
 
-        The time per call is the median of the last SERVICE_WINDOW reports (a chunk's or a
-        run's mean, or a single call's). A report is wall time on the worker: one that spans a
-        full garbage collection, or a wait for the GIL, is ten to a thousand times the calls'
-        own, and a mean would take it for slow calls and stop the chunks and runs for a
-        while. The median ignores one such report; calls that really turned slow move it
-        within three reports (and a run or chunk of them is detached or released sooner)."""
+        The time per call is a mean weighting each report (a chunk's or a run's mean, or a
+        single call) 0.2, where a report counts as at most SERVICE_JUMP times the mean so far.
+        A report is wall time on the worker: one that spans a full garbage collection or a
+        wait for the GIL can be a thousand times the calls' own, and would stop chunks and
+        runs for a while. Calls that really turned slow raise the mean 1.6 times per report
+        (a run or chunk of them is detached or released sooner); shorter ones lower it at
+        once."""
         if not self._chunks:
             return
-        window = self._service_window
-        window.append(took)
-        service = self._service = sorted(window)[len(window) // 2]
+        previous = self._service
+        if previous is None:
+            service = took
+        else:
+            service = previous * 0.8 + min(took, previous * SERVICE_JUMP) * 0.2
+        self._service = service
         self.chunk_size = max(1, min(MAX_CHUNK, int(THREAD_HOP / max(service, 1e-7))))
 
     def _release_stuck_chunks(self) -> None:

@@ -331,28 +331,53 @@ class Poller:
             self._stopping = True
 
     def _hand_over(self, messages: Sequence[Any]) -> None:
+        """Deliver what ``consume()`` returned, grouped by partition in one pass (the client
+        returns each partition's records together: the partition is looked up only where it
+        changes)."""
         epochs = self._epochs
         first_seen = self._first_seen
-        good = []
+        batches: dict[TopicPartition, tuple[int, list[Any]]] = {}
+        current: list[Any] | None = None
+        last_topic: str | None = None
+        last_partition = -1
+        count = 0
         for message in messages:
             error = message.error()
             if error is not None:
                 self._client_error(error, message)
-            elif (tp := (message.topic(), message.partition())) in epochs:
-                good.append(message)
-                if tp not in first_seen:
-                    # (also for records held back in the overflow: a rewind must go back to
-                    # them when nothing was committed yet)
-                    first_seen[tp] = message.offset()
-            # else: a straggler of a partition revoked during this consume()
-        if self._overflow or len(good) > self._credit.available:
+                continue
+            partition = message.partition()
+            topic = message.topic()
+            if partition != last_partition or topic != last_topic:
+                last_partition, last_topic = partition, topic
+                tp = (topic, partition)
+                epoch = epochs.get(tp)
+                if epoch is None:
+                    current = None  # a straggler of a partition revoked during this consume()
+                    continue
+                batch = batches.get(tp)
+                if batch is None:
+                    batch = batches[tp] = (epoch, [])
+                    if tp not in first_seen:
+                        # (also for records held back in the overflow: a rewind must go back
+                        # to them when nothing was committed yet)
+                        first_seen[tp] = message.offset()
+                current = batch[1]
+            elif current is None:
+                continue
+            current.append(message)
+            count += 1
+        if not count:
+            return
+        if self._overflow or count > self._credit.available:
             # More than the credit allows: possible only from a partition assigned inside this
             # consume(), before it could be paused. Keep them here, in order, until credit
             # returns; the bound on records in the engine holds.
-            self._overflow.extend(good)
+            for _, held in batches.values():
+                self._overflow.extend(held)
             self._release_overflow()
-        elif good:
-            self._deliver(good)
+        else:
+            self._post_batches(batches, count)
 
     def _release_overflow(self) -> None:
         overflow = self._overflow
@@ -369,9 +394,15 @@ class Poller:
             if batch is None:
                 batch = batches[tp] = (epochs[tp], [])
             batch[1].append(message)
+        self._post_batches(batches, len(messages))
+
+    def _post_batches(
+        self, batches: dict[TopicPartition, tuple[int, list[Any]]], count: int
+    ) -> None:
+        delivered_to = self._delivered_to
         for tp, (_, batch_messages) in batches.items():
-            self._delivered_to[tp] = batch_messages[-1].offset() + 1
-        self._credit.take(len(messages))
+            delivered_to[tp] = batch_messages[-1].offset() + 1
+        self._credit.take(count)
         self._post(RecordsPolled(batches))
 
     def _report_positions(self) -> None:

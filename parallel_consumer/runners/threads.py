@@ -278,7 +278,7 @@ class ThreadRunner:
             else:
                 if value is not None and (wrong := not_a_result(value)) is not None:
                     error = wrong
-                elif context.has_failures:
+                elif context._failed:  # has_failures, without a property call per record
                     error = context.outcomes(None)[0]
             if slow_after is not None:
                 took = time.perf_counter() - t0

@@ -22,6 +22,7 @@ from parallel_consumer import _poller as poller_module
 from parallel_consumer._events import (
     Commit,
     PartitionsRevoked,
+    RecordsPolled,
     RecordUnreadable,
     StopPoller,
 )
@@ -212,6 +213,35 @@ def test_a_record_the_client_cannot_read_stops_the_engine_instead_of_being_skipp
     assert [e for e in controller.events if isinstance(e, RecordUnreadable)] == [
         RecordUnreadable(("t", 0), 7, str(KafkaError(KafkaError._BAD_MSG)))
     ]
+
+
+def test_a_consumed_batch_is_delivered_grouped_by_partition_in_offset_order():
+    # Given a consume() result that interleaves two partitions, with a record of a partition
+    # revoked meanwhile and an error in between
+    cluster = FakeCluster()
+    cluster.create_topic("t", 3)
+    controller = _Controller()
+    poller, consumer = _poller(cluster, controller)
+    poller._on_assign(consumer, [_kafka_tp(("t", 0)), _kafka_tp(("t", 1))])
+    messages = [
+        Message(topic="t", partition=0, offset=5),
+        Message(topic="t", partition=0, offset=6),
+        Message(topic="t", partition=2, offset=0),  # not (or no longer) assigned
+        Message(topic="t", partition=1, offset=9),
+        Message(topic="t", partition=1, offset=-1, error=KafkaError(KafkaError._PARTITION_EOF)),
+        Message(topic="t", partition=0, offset=7),
+        Message(topic="t", partition=2, offset=1),
+        Message(topic="t", partition=1, offset=10),
+    ]
+    poller._hand_over(messages)
+    # Then one event carries each assigned partition's records, in order, and nothing else
+    (polled,) = [e for e in controller.events if isinstance(e, RecordsPolled)]
+    assert {tp: [m.offset() for m in batch] for tp, (_, batch) in polled.batches.items()} == {
+        ("t", 0): [5, 6, 7],
+        ("t", 1): [9, 10],
+    }
+    assert poller._delivered_to == {("t", 0): 8, ("t", 1): 11}
+    assert poller._first_seen == {("t", 0): 5, ("t", 1): 9}
 
 
 def _kafka_tp(tp: tuple[str, int]) -> Any:

@@ -13,9 +13,11 @@ import time
 from collections import defaultdict
 
 import pytest
+from doubles import stepped_controller
 
 from parallel_consumer import Lifecycle, Options, PollContext, ProcessingOrder
 from parallel_consumer import _controller as controller_module
+from parallel_consumer.testing.clock import FakeClock
 
 WARM_UP = 3_000
 
@@ -264,3 +266,55 @@ def test_statistics_count_the_records_of_a_run_as_in_flight(
         release.set()
     wait_until(lambda: pc.statistics().records_succeeded == 8_000, timeout=60)
     assert pc.statistics().in_flight == 0
+
+
+class _Message:
+    def __init__(self, offset: int) -> None:
+        self._offset = offset
+
+    def offset(self) -> int:
+        return self._offset
+
+
+def test_a_report_spanning_a_process_pause_does_not_end_the_fast_path():
+    """A run's report is wall time: one that spans a full garbage collection (20-50 ms here)
+    must not make the engine take its calls for slow ones."""
+    controller = stepped_controller(FakeClock())
+    controller._chunks = True  # a runner that takes chunks and runs
+    for _ in range(20):
+        controller._observe_service(2e-6)
+    assert controller.chunk_size >= controller_module.RUN_FROM_CHUNK
+    controller._observe_service(0.04)  # a run of 1 call that spanned a 40 ms collection
+    assert controller.chunk_size >= controller_module.RUN_FROM_CHUNK
+    # while calls that really turned slow end it within a few reports
+    for _ in range(8):
+        controller._observe_service(0.001)
+    assert controller.chunk_size == 1
+    # and calls short again bring it back
+    for _ in range(30):
+        controller._observe_service(2e-6)
+    assert controller.chunk_size >= controller_module.RUN_FROM_CHUNK
+
+
+def test_one_look_at_a_paused_run_does_not_detach_it():
+    """A look that finds no progress for 40 ms (the whole process was paused) is not enough:
+    the next look, once the run went on, finds it fine. A call that hangs is detached at the
+    second look that agrees."""
+    controller = stepped_controller(FakeClock())
+    run = controller._runs.start(("t", 0), 1, [_Message(o) for o in range(10_000)], timed=None)
+    detached: list[object] = []
+    controller._detach_run = lambda run, drop: detached.append(run)  # type: ignore[method-assign]
+    run.started = 100.0
+    run.done = 50
+    controller._check_runs(100.005)
+    controller._check_runs(100.045)  # no progress for 40 ms: the process was paused
+    assert not detached
+    run.done = 5_000  # it went on after the pause
+    controller._check_runs(100.055)
+    assert not detached
+    # now a call hangs: no progress at 25 ms, nor at the next look
+    controller._check_runs(100.080)
+    controller._check_runs(100.085)  # (too soon after the first look to agree)
+    assert not detached
+    controller._check_runs(100.091)
+    assert detached == [run]
