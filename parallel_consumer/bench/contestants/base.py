@@ -43,17 +43,16 @@ class Contestant(Protocol):
 
 
 class _Columns:
-    """One thread's share of a log: flat arrays and a list of keys, so that logging a record
-    allocates no object the garbage collector tracks (a tuple per record would: 200,000 of
-    them, kept to the end, set off collections that pause every thread of the contestant)."""
+    """One thread's share of a log: a flat array of ints (sequence number, partition, offset
+    per record), a list of keys and an array of call times, so that logging a record allocates
+    no object the garbage collector tracks (a tuple per record would: 200,000 of them, kept to
+    the end, set off collections that pause every thread of the contestant)."""
 
-    __slots__ = ("keys", "offsets", "partitions", "seq", "took")
+    __slots__ = ("ints", "keys", "took")
 
     def __init__(self) -> None:
-        self.seq = array("q")
-        self.partitions = array("q")
+        self.ints = array("q")
         self.keys: list[Any] = []
-        self.offsets = array("q")
         self.took = array("d")
 
 
@@ -76,12 +75,9 @@ class LogRecorder:
         self._counter = itertools.count(1)
         self._count = 0
 
-    def _mine(self) -> _Columns:
-        try:
-            columns: _Columns = self._local.columns
-        except AttributeError:
-            columns = self._local.columns = _Columns()
-            self._columns.append(columns)
+    def _new_columns(self) -> _Columns:
+        columns = self._local.columns = _Columns()
+        self._columns.append(columns)
         return columns
 
     def call(self, work: Callable[[], None], records: list[tuple[int, Any, int]]) -> None:
@@ -94,24 +90,20 @@ class LogRecorder:
 
     def add(self, records: Iterable[tuple[int, Any, int]], took: float) -> None:
         """Log ``records`` as one call that took ``took`` seconds."""
-        columns = self._mine()
-        seq, partitions, keys, offsets = (
-            columns.seq,
-            columns.partitions,
-            columns.keys,
-            columns.offsets,
-        )
+        try:
+            columns: _Columns = self._local.columns
+        except AttributeError:
+            columns = self._new_columns()
+        ints, keys = columns.ints, columns.keys
         counter = self._counter
         count = 0
         for partition, key, offset in records:
             count = next(counter)
-            seq.append(count)
-            partitions.append(partition)
+            ints.extend((count, partition, offset))
             keys.append(key)
-            offsets.append(offset)
         if not count:
             return
-        added = len(seq) - len(columns.took)
+        added = len(keys) - len(columns.took)
         columns.took.extend(itertools.repeat(took / added, added))
         self._count = count
         if count >= self.expected:
@@ -121,14 +113,14 @@ class LogRecorder:
         """Log one record (:meth:`add` without its sequence); the first sets ``first_call``."""
         if self.first_call is None:
             self.first_call = time.time()
-        columns = self._mine()
-        count = next(self._counter)
-        columns.seq.append(count)
-        columns.partitions.append(partition)
+        try:
+            columns: _Columns = self._local.columns
+        except AttributeError:
+            columns = self._new_columns()
+        count = self._count = next(self._counter)
+        columns.ints.extend((count, partition, offset))
         columns.keys.append(key)
-        columns.offsets.append(offset)
         columns.took.append(took)
-        self._count = count
         if count >= self.expected:
             self.done.set()
 
@@ -141,16 +133,17 @@ class LogRecorder:
     def log(self) -> list[tuple[int, Any, int, float]]:
         """Every record logged, one ``(partition, key, offset, seconds)`` each, in the order
         they were logged (across threads). Built on demand: read it after the run."""
-        # (strict=False: read while a thread logs, its last record may be half written)
-        rows = sorted(
-            (
-                entry
-                for c in list(self._columns)
-                for entry in zip(c.seq, c.partitions, c.keys, c.offsets, c.took, strict=False)
-            ),
-            key=_first,
-        )
-        return [entry[1:] for entry in rows]
+        entries: list[tuple[int, int, Any, int, float]] = []
+        for c in list(self._columns):
+            # (a thread still logging may have written part of its last record: cut it off)
+            n = min(len(c.ints) // 3, len(c.keys), len(c.took))
+            ints = c.ints
+            entries.extend(
+                (ints[3 * i], ints[3 * i + 1], c.keys[i], ints[3 * i + 2], c.took[i])
+                for i in range(n)
+            )
+        entries.sort(key=_first)
+        return [entry[1:] for entry in entries]
 
     def wait(self, timeout: float, what: str) -> None:
         if not self.done.wait(timeout):
