@@ -852,6 +852,13 @@ class Controller:
         for tp in event.tps:
             state = self._partitions.get(tp)
             if state is not None:
+                run = self._runs.active.get(tp)
+                if run is not None and run.epoch == state.epoch:
+                    # The calls its worker finished succeeded: the final commit covers them
+                    # (their report would come too late). Read once: the count only grows.
+                    before = run.settled
+                    self._settle_run(run, state, min(run.done, len(run.messages)))
+                    self._runs.settled_early(run.settled - before)
                 commit = self._commits.final_for(state, now)
                 if commit is not None:
                     final.append(commit)
@@ -872,8 +879,9 @@ class Controller:
             return
         run = self._runs.active.get(tp)
         if run is not None:
-            # Its finished records are not settled (the partition is gone); the call in
-            # progress is held below like any call in flight of the partition.
+            # Its records finished since the revoke settled the rest are not settled (the
+            # partition is gone); the call in progress is held below like any call in flight
+            # of the partition.
             detached = self._runs.detach(run)
             run.settled = detached.finished.stop
             self._counters.stale += len(detached.finished)

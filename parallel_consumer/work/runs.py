@@ -187,6 +187,11 @@ class Runs:
         if not run.detached:
             self.records_out -= len(run.messages) - run.settled
 
+    def settled_early(self, count: int) -> None:
+        """``count`` records of a run still out were settled before its report: they are no
+        longer out."""
+        self.records_out -= count
+
     def take_queued(self, tp: TopicPartition) -> tuple[int, list[Any]] | None:
         return self.queued.pop(tp, None)
 
