@@ -109,8 +109,9 @@ WARN_FROM_ATTEMPT = 3
 THREAD_HOP = 60e-6
 #: Most calls in one chunk.
 MAX_CHUNK = 64
-#: A report of the time per call counts as at most this many times the mean so far.
-SERVICE_JUMP = 4.0
+#: The time per call adaptive dispatch goes by rises at most this many times per
+#: STUCK_CHECK_EVERY (see Controller._observe_service).
+SERVICE_GROWTH = 1.6
 #: Adaptive dispatch (docs/performance.md#adaptive-dispatch). It needs a runner that can take
 #: over the rest of a chunk whose current call hangs (``release_stuck``).
 ADAPTIVE_DISPATCH = True
@@ -175,8 +176,11 @@ class Controller:
         #: Per partition since the start, across assignments: records processed, attempts
         #: failed (Statistics.partition_totals; metrics read them instead of a hook per call).
         self._totals: dict[TopicPartition, RecordTotals] = {}
-        #: Time per call as the runner measured it (a weighted mean, see _observe_service).
+        #: Time per call as the runner measured it (a weighted mean, see _observe_service),
+        #: the most it may rise to until the end of the current window, and that end.
         self._service: float | None = None
+        self._service_cap = 0.0
+        self._service_window_end = 0.0
         #: Calls per hand-over to the runner: 1, or more for calls much shorter than a thread
         #: hop (adaptive dispatch; only runners with ``submit_chunk``, and no deadlines).
         self.chunk_size = 1
@@ -784,29 +788,34 @@ class Controller:
         """Detach runs whose current call takes long (it hangs), or whose calls turned slow:
         their records not started go to the lanes, and other workers.
 
-        A run is detached when two looks at least STUCK_CHECK_EVERY apart both find it so: a
-        pause of the whole process (a full garbage collection takes 20-50 ms, and so can a
-        thread starved of the GIL) looks like a stuck run once, and is over at the next look."""
+        Each look judges the run on what happened since the previous look: stuck if no call
+        ended for STUCK_AFTER, slow if the calls that ended since the previous look took more
+        than RUN_SLOW_CALL each (once the run is STUCK_AFTER old). A run is detached when a
+        later look agrees with an earlier one. A pause of the whole process (a full garbage
+        collection takes 20-50 ms, and so can a thread starved of the GIL) makes one look find
+        every run slow, and the next finds them fast again."""
         for run in list(self._runs.active.values()):
             started = run.started
             if not started:
                 continue
             done = run.done
-            if done != run.progress_seen or not run.progress_at:
-                run.progress_seen = done
+            if not run.look_at:
+                run.look_at, run.look_done = started, 0
+            window = real_now - run.look_at
+            calls = done - run.look_done
+            run.look_at, run.look_done = real_now, done
+            if calls or not run.progress_at:
                 run.progress_at = real_now
-                ran = real_now - started
-                fine = ran <= STUCK_AFTER or ran / (done + 1) <= RUN_SLOW_CALL
-            else:
-                fine = real_now - run.progress_at <= STUCK_AFTER
-            if fine:
+            stuck = real_now - run.progress_at > STUCK_AFTER
+            slow = real_now - started > STUCK_AFTER and window > RUN_SLOW_CALL * max(1, calls)
+            if not (stuck or slow):
                 run.slow_since = 0.0
                 continue
             if not run.slow_since:
                 run.slow_since = real_now
                 continue
-            if real_now - run.slow_since < STUCK_CHECK_EVERY:
-                continue
+            if real_now - run.slow_since < STUCK_CHECK_EVERY / 2:
+                continue  # (the same look, or one right after it)
             log.debug("%r detached: its calls are no longer short", run)
             self._counters.runs_detached += 1
             self._detach_run(run, drop=False)
@@ -979,19 +988,24 @@ class Controller:
         behind another on a worker while other workers are idle.
 
         The time per call is a mean weighting each report (a chunk's or a run's mean, or a
-        single call) 0.2, where a report counts as at most SERVICE_JUMP times the mean so far.
-        A report is wall time on the worker: one that spans a full garbage collection or a
-        wait for the GIL can be a thousand times the calls' own, and would stop chunks and
-        runs for a while. Calls that really turned slow raise the mean 1.6 times per report
-        (a run or chunk of them is detached or released sooner); shorter ones lower it at
-        once."""
+        single call) 0.2, which rises at most SERVICE_GROWTH times per STUCK_CHECK_EVERY of
+        the controller's clock. A report is wall time on the worker: a pause of the whole
+        process (a full garbage collection takes 20-50 ms here) or a long wait for the GIL
+        can make every report that spans it a thousand times the calls' own, and taken as
+        they are they would switch chunks and runs off for a while. Calls that really turned
+        slow raise the mean 1.6 times per 10 ms, and their chunks and runs are released or
+        detached meanwhile; shorter calls lower it by a fifth of the gap per report."""
         if not self._chunks:
             return
         previous = self._service
+        now = self._clock.monotonic()
         if previous is None:
             service = took
         else:
-            service = previous * 0.8 + min(took, previous * SERVICE_JUMP) * 0.2
+            if now >= self._service_window_end:
+                self._service_cap = previous * SERVICE_GROWTH
+                self._service_window_end = now + STUCK_CHECK_EVERY
+            service = min(previous * 0.8 + took * 0.2, self._service_cap)
         self._service = service
         self.chunk_size = max(1, min(MAX_CHUNK, int(THREAD_HOP / max(service, 1e-7))))
 
@@ -1007,7 +1021,8 @@ class Controller:
             log.debug("%d calls of stuck chunks handed to other workers", moved)
 
     def _on_chunk_done(self, event: WorkDoneMany) -> None:
-        self._observe_service(event.service)
+        if event.service:  # (0.0: not measured, as for the asyncio runner's reports)
+            self._observe_service(event.service)
         work_done = self._work_done
         for batch_id, errors, value, finished_at, partial in event.calls:
             work_done(batch_id, errors, value, finished_at, partial)

@@ -149,9 +149,10 @@ CallResult = tuple[int, Sequence[BaseException | None], object, float, bool]
 
 @dataclass(frozen=True, slots=True)
 class WorkDoneMany:
-    """The calls of one chunk ended (see ``ThreadRunner.submit_chunk``): one event, one thread
-    hop, for many short calls. ``service`` is the mean time per call, handler and runner
-    bookkeeping included, that the runner measured over the chunk."""
+    """The calls of one chunk ended (see ``ThreadRunner.submit_chunk``), or calls of the
+    asyncio runner that ended in one pass of its loop: one event, one thread hop, for many
+    calls. ``service`` is the mean time per call, handler and runner bookkeeping included,
+    that the runner measured over the chunk (0.0: not measured)."""
 
     calls: Sequence[CallResult]
     service: float

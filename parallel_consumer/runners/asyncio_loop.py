@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 
 from parallel_consumer._clock import Clock
-from parallel_consumer._events import WorkDone
+from parallel_consumer._events import CallResult, WorkDone, WorkDoneMany
 from parallel_consumer.context import PollContext
 from parallel_consumer.hooks import Hooks, NoHooks
 from parallel_consumer.runners.base import CallCancelled, Handler, not_a_result
@@ -73,6 +73,9 @@ class AsyncioRunner:
         # -- loop thread only --
         self._running: dict[int, asyncio.Task[_Result]] = {}
         self._reasons: dict[int, BaseException] = {}
+        #: Results of calls that ended in this pass of the loop, reported together at its end
+        #: (:meth:`_report`): one event, one wake-up of the controller, for many calls.
+        self._results: list[CallResult] = []
         self._last_lag_warning = -LAG_WARNING_EVERY
         self._halted = False  # set by stop(), through the loop: the loop is to end
         #: How often the loop was found blocked for longer than LAG_WARNING.
@@ -205,6 +208,7 @@ class AsyncioRunner:
                 return
 
     def _halt(self) -> None:
+        self._report()  # (the loop stops after this pass: report what ended in it)
         self._halted = True
         assert self._loop is not None
         self._loop.stop()
@@ -250,13 +254,27 @@ class AsyncioRunner:
             except BaseException as exc:  # GeneratorExit, which _call lets through
                 value, error = None, exc
         self._hooks.on_call_end(batch, context, error)
-        assert self._done is not None
         partial = error is None and context.has_failures
-        self._done(
-            WorkDone(batch, context.outcomes(error), value, self._clock.monotonic(), partial)
-        )
+        results = self._results
+        if not results:
+            assert self._loop is not None
+            self._loop.call_soon(self._report)
+        results.append((batch, context.outcomes(error), value, self._clock.monotonic(), partial))
         if self._queued:
             self._fill()
+
+    def _report(self) -> None:
+        """Report the calls that ended since the last report: scheduled by the first of them,
+        it runs after the callbacks already due (the other tasks that ended meanwhile)."""
+        results, self._results = self._results, []
+        if not results:
+            return
+        assert self._done is not None
+        if len(results) == 1:
+            self._done(WorkDone(*results[0]))
+        else:
+            # (service 0.0: not measured; only the thread runner's chunks measure it)
+            self._done(WorkDoneMany(results, 0.0))  # type: ignore[arg-type]
 
     def _cancel_task(self, batch: int, reason: BaseException) -> None:
         task = self._running.get(batch)

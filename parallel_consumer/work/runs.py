@@ -59,10 +59,11 @@ class Run:
         "done",
         "epoch",
         "id",
+        "look_at",
+        "look_done",
         "messages",
         "pending",
         "progress_at",
-        "progress_seen",
         "settled",
         "slow_since",
         "started",
@@ -99,8 +100,10 @@ class Run:
         #: call in the in-flight table, settled when the run's report comes.
         self.adopted: tuple[int, int] | None = None
         self.detached = False
-        #: The stuck check's last look: ``done`` then, and when it last changed.
-        self.progress_seen = 0
+        #: The stuck check's last look (time.monotonic()) and ``done`` then, and when ``done``
+        #: last changed.
+        self.look_at = 0.0
+        self.look_done = 0
         self.progress_at = 0.0
         #: When the stuck check first found the run stuck or slow, in the looks since (0.0
         #: while it looks fine): it is detached only if a later look agrees.

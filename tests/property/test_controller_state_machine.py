@@ -25,6 +25,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from parallel_consumer import _controller as controller_module
 from parallel_consumer._controller import Controller
 from parallel_consumer._dead_letters import DeadLetters
 from parallel_consumer._events import (
@@ -394,6 +395,16 @@ class ControllerMachine(RuleBasedStateMachine):
         self.controller.post(
             PartitionsAssigned((Assignment(tp, self.next_epoch, offset, metadata),))
         )
+        self.step()
+
+    @rule(slow=st.booleans())
+    def calls_turn(self, slow: bool) -> None:
+        """The handler's calls turn slow (the controller goes back to one call per hand-over
+        and to lanes) or fast (chunks and runs): reports over several of the controller's
+        windows, since the measure rises at most 1.6x per window."""
+        for _ in range(12):
+            self.clock.advance(controller_module.STUCK_CHECK_EVERY)
+            self.controller._observe_service(1.0 if slow else 1e-6)
         self.step()
 
     @rule(seconds=st.sampled_from([0.1, 0.5, 1.0, 2.0]))

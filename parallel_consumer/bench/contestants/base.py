@@ -63,7 +63,11 @@ def _first(entry: tuple[Any, ...]) -> Any:
 class LogRecorder:
     """Collects what a handler saw as cheaply as it can (the harness's cost must not weigh on
     any contestant): each thread appends to its own columns, with no lock and no object the
-    garbage collector tracks; the checks run after the run, on :attr:`log`."""
+    garbage collector tracks; the checks run after the run, on :attr:`log`.
+
+    ``done`` is set when the last record took its sequence number, possibly before another
+    thread finished writing an earlier one: read :attr:`log` once the contestant's threads
+    have stopped (every contestant does, after closing its consumer)."""
 
     def __init__(self, expected: int) -> None:
         self.expected = expected
@@ -126,7 +130,7 @@ class LogRecorder:
 
     @property
     def count(self) -> int:
-        """How many records were logged (at least; exact once the contestant stopped)."""
+        """About how many records were logged (exact once the contestant's threads stopped)."""
         return self._count
 
     @property

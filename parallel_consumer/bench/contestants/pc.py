@@ -112,6 +112,8 @@ class ParallelConsumerContestant:
             extra={
                 "commits_acknowledged": stats.commits_acknowledged,
                 "partition_pauses": stats.partition_pauses,
+                "runs": stats.runs,
+                "runs_detached": stats.runs_detached,
             },
         )
 

@@ -276,24 +276,37 @@ class _Message:
         return self._offset
 
 
-def test_a_report_spanning_a_process_pause_does_not_end_the_fast_path():
-    """A run's report is wall time: one that spans a full garbage collection (20-50 ms here)
-    must not make the engine take its calls for slow ones."""
-    controller = stepped_controller(FakeClock())
+def test_a_process_pause_does_not_end_the_fast_path():
+    """A run's report is wall time: every report that spans a full garbage collection (20-50
+    ms here) is inflated at once, one per worker. They must not make the engine take its
+    calls for slow ones, while calls that really turned slow still end the fast path."""
+    clock = FakeClock()
+    controller = stepped_controller(clock)
     controller._chunks = True  # a runner that takes chunks and runs
     for _ in range(20):
+        clock.advance(0.001)
         controller._observe_service(2e-6)
     assert controller.chunk_size >= controller_module.RUN_FROM_CHUNK
-    controller._observe_service(0.04)  # a run of 1 call that spanned a 40 ms collection
-    assert controller.chunk_size >= controller_module.RUN_FROM_CHUNK
-    # while calls that really turned slow end it within a few reports
+    # the runs of 8 partitions, 64 records each, all spanned the same 40 ms pause
+    clock.advance(0.04)
     for _ in range(8):
+        controller._observe_service((0.04 + 64 * 2e-6) / 64)
+    assert controller.chunk_size >= controller_module.RUN_FROM_CHUNK
+    # calls of 1 ms from now on: within 10 reports 10 ms apart, calls go one by one
+    for _ in range(10):
+        clock.advance(controller_module.STUCK_CHECK_EVERY)
         controller._observe_service(0.001)
     assert controller.chunk_size == 1
-    # and calls short again bring it back
-    for _ in range(30):
+    # and calls short again bring the fast path back
+    for _ in range(40):
         controller._observe_service(2e-6)
     assert controller.chunk_size >= controller_module.RUN_FROM_CHUNK
+
+
+def _looked_at(controller, run, looks: list[tuple[float, int]]) -> None:
+    for at, done in looks:
+        run.done = done
+        controller._check_runs(at)
 
 
 def test_one_look_at_a_paused_run_does_not_detach_it():
@@ -305,19 +318,33 @@ def test_one_look_at_a_paused_run_does_not_detach_it():
     detached: list[object] = []
     controller._detach_run = lambda run, drop: detached.append(run)  # type: ignore[method-assign]
     run.started = 100.0
-    run.done = 50
-    controller._check_runs(100.005)
-    controller._check_runs(100.045)  # no progress for 40 ms: the process was paused
-    assert not detached
-    run.done = 5_000  # it went on after the pause
-    controller._check_runs(100.055)
+    # calls of 20 us (under RUN_SLOW_CALL), a 40 ms pause from 2 ms on
+    _looked_at(controller, run, [(100.001, 50), (100.043, 100), (100.0535, 625)])
     assert not detached
     # now a call hangs: no progress at 25 ms, nor at the next look
-    controller._check_runs(100.080)
-    controller._check_runs(100.085)  # (too soon after the first look to agree)
-    assert not detached
-    controller._check_runs(100.091)
+    _looked_at(controller, run, [(100.080, 625), (100.085, 625)])
+    assert not detached  # (too soon after the first look to agree)
+    _looked_at(controller, run, [(100.091, 625)])
     assert detached == [run]
+
+
+@pytest.mark.parametrize("call", [0.005, 0.012, 0.015, 0.019, 0.020, 0.021, 0.025])
+@pytest.mark.parametrize("look", [0.0100, 0.0101, 0.0105])
+def test_a_run_of_calls_of_milliseconds_is_detached_within_40_ms(call, look):
+    """Calls of 5-25 ms in a run (a handler that turned slow): at 10 ms looks, some find a
+    call ended and some none; each must still find the run slow, or two looks never agree
+    and the run keeps one worker busy for seconds while the others are idle."""
+    controller = stepped_controller(FakeClock())
+    run = controller._runs.start(("t", 0), 1, [_Message(o) for o in range(2_500)], timed=None)
+    detached: list[object] = []
+    controller._detach_run = lambda run, drop: detached.append(run)  # type: ignore[method-assign]
+    run.started = now = 100.0
+    while not detached and now < 101.0:
+        now += look
+        run.done = int((now - 100.0) / call)
+        controller._check_runs(now)
+    assert detached, "never detached"
+    assert now - 100.0 <= 0.04
 
 
 class _RunTaker:

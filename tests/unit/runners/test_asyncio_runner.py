@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Message
 
 from parallel_consumer._clock import SystemClock
-from parallel_consumer._events import WorkDone
+from parallel_consumer._events import WorkDone, WorkDoneMany
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.runners import AsyncioRunner, CallCancelled
 
@@ -24,13 +24,20 @@ def context(offset: int) -> PollContext:
 
 
 class Results:
-    """The ``done`` callback: collects WorkDone events from the loop thread."""
+    """The ``done`` callback: collects the calls' results from the loop thread (a
+    ``WorkDoneMany`` reports the calls that ended in one pass of the loop)."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[WorkDone] = queue.SimpleQueue()
+        self.events = 0
 
-    def __call__(self, event: WorkDone) -> None:
-        self._queue.put(event)
+    def __call__(self, event: WorkDone | WorkDoneMany) -> None:
+        self.events += 1
+        if isinstance(event, WorkDoneMany):
+            for call in event.calls:
+                self._queue.put(WorkDone(*call))
+        else:
+            self._queue.put(event)
 
     def take(self, count: int, timeout: float = 10.0) -> dict[int, WorkDone]:
         deadline = time.monotonic() + timeout
@@ -76,6 +83,32 @@ def test_calls_report_the_awaited_value(runners):
     assert {b: (e.errors, e.value) for b, e in done.items()} == {
         i: ((None,), i * 10) for i in range(50)
     }
+
+
+def test_calls_that_end_together_are_reported_in_one_event(runners):
+    # Given 300 calls that all wait for the same moment
+    gate: list[asyncio.Event] = []
+
+    async def handle(ctx: PollContext) -> int:
+        if not gate:
+            gate.append(asyncio.Event())
+        await gate[0].wait()
+        return ctx.offset
+
+    results = start(runners, handle, capacity=300)
+    for i in range(300):
+        runners[0].submit(i, context(i))
+    while not gate:
+        time.sleep(0.01)
+    time.sleep(0.2)  # (every call is waiting)
+    # When they end in the same pass of the loop
+    loop = runners[0]._loop
+    assert loop is not None
+    loop.call_soon_threadsafe(gate[0].set)
+    # Then each is reported once, with its value, in a few events: not one hop per call
+    done = results.take(300)
+    assert {b: e.value for b, e in done.items()} == {i: i for i in range(300)}
+    assert results.events <= 10
 
 
 def test_runs_on_one_loop_thread_named_after_the_consumer(runners):

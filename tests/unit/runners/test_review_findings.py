@@ -24,7 +24,7 @@ from confluent_kafka import Message
 
 from parallel_consumer import Options, ParallelConsumer, PollContext
 from parallel_consumer._clock import SystemClock
-from parallel_consumer._events import WorkDone
+from parallel_consumer._events import WorkDone, WorkDoneMany
 from parallel_consumer.context import RecordContext
 from parallel_consumer.errors import ConfigurationError
 from parallel_consumer.runners import AsyncioRunner, ProcessRunner, ThreadRunner
@@ -86,13 +86,18 @@ def context(offset: int, value: object = b"v", key: bytes = b"k") -> PollContext
 
 
 class Results:
-    """The ``done`` callback of a runner under test."""
+    """The ``done`` callback of a runner under test (a ``WorkDoneMany`` holds several calls'
+    results: each counts as its own report)."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[WorkDone] = queue.SimpleQueue()
 
-    def __call__(self, event: WorkDone) -> None:
-        self._queue.put(event)
+    def __call__(self, event: WorkDone | WorkDoneMany) -> None:
+        if isinstance(event, WorkDoneMany):
+            for call in event.calls:
+                self._queue.put(WorkDone(*call))
+        else:
+            self._queue.put(event)
 
     def take(self, count: int, timeout: float) -> dict[int, WorkDone]:
         """Up to ``count`` reports, waiting at most ``timeout`` in all."""
