@@ -18,7 +18,7 @@ import os
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from parallel_consumer.bench.model import Observation, Ordering, Row
@@ -40,6 +40,9 @@ class Measurement:
     missing: int
     order_ok: bool
     service_total: float
+    #: What the contestant reported beside the log (Observation.extra: this library's
+    #: statistics, a peer's version or clock), kept in the result file.
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float:
@@ -133,6 +136,7 @@ def measure(row: Row, observation: Observation, ends: Mapping[int, int]) -> Meas
         missing=missing,
         order_ok=order_kept(observation.log, row.ordering),
         service_total=sum(entry[3] for entry in observation.log),
+        extra=dict(observation.extra),
     )
 
 

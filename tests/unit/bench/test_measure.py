@@ -110,3 +110,26 @@ def test_cpu_rows_are_measured_against_the_work_spread_over_the_cores(monkeypatc
     # Whatever the threads measured (the GIL stretches each record), 1 s of work on 2 cores
     observation = Observation(0.0, 0.0, 2.0, [(0, b"k", o, 0.016) for o in range(1000)])
     assert measure(cpu_row, observation, {0: 1000}).ideal == pytest.approx(0.5)
+
+
+def test_what_a_contestant_reports_beside_its_log_reaches_the_result_file():
+    from parallel_consumer.bench.measure import measure
+    from parallel_consumer.bench.model import DataSet, Observation, Row, Work
+
+    row = Row(
+        workload="W2",
+        label="KEY",
+        data=DataSet(records=2, partitions=1, keys=1, value_size=1),
+        ordering="KEY",
+        concurrency=1,
+        work=Work("noop"),
+    )
+    observation = Observation(
+        started=0.0,
+        first_call=1.0,
+        finished=2.0,
+        log=[(0, b"k", 0, 0.0), (0, b"k", 1, 0.0)],
+        extra={"runs": 3, "runs_detached": 0},
+    )
+    measured = measure(row, observation, {0: 2})
+    assert measured.as_dict()["extra"] == {"runs": 3, "runs_detached": 0}
