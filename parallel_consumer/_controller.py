@@ -112,6 +112,8 @@ MAX_CHUNK = 64
 #: The time per call adaptive dispatch goes by rises at most this many times per
 #: STUCK_CHECK_EVERY (see Controller._observe_service).
 SERVICE_GROWTH = 1.6
+#: The shortest time per call adaptive dispatch reckons with (seconds).
+MIN_SERVICE = 1e-7
 #: Adaptive dispatch (docs/performance.md#adaptive-dispatch). It needs a runner that can take
 #: over the rest of a chunk whose current call hangs (``release_stuck``).
 ADAPTIVE_DISPATCH = True
@@ -177,10 +179,16 @@ class Controller:
         #: failed (Statistics.partition_totals; metrics read them instead of a hook per call).
         self._totals: dict[TopicPartition, RecordTotals] = {}
         #: Time per call as the runner measured it (a weighted mean, see _observe_service),
-        #: the most it may rise to until the end of the current window, and that end.
+        #: the most it may rise to until the end of the current window, that end (real time:
+        #: the window is about threads and pauses, not the engine's clock; tests may replace
+        #: _service_clock), whether a report hit the cap in this window, and in how many
+        #: windows in a row before it.
         self._service: float | None = None
         self._service_cap = 0.0
         self._service_window_end = 0.0
+        self._service_clock: Callable[[], float] = time.monotonic
+        self._capped = False
+        self._capped_windows = 0
         #: Calls per hand-over to the runner: 1, or more for calls much shorter than a thread
         #: hop (adaptive dispatch; only runners with ``submit_chunk``, and no deadlines).
         self.chunk_size = 1
@@ -799,6 +807,8 @@ class Controller:
             if not started:
                 continue
             done = run.done
+            if done >= len(run.messages):
+                continue  # every call returned: its report is on its way
             if not run.look_at:
                 run.look_at, run.look_done = started, 0
             window = real_now - run.look_at
@@ -806,6 +816,7 @@ class Controller:
             run.look_at, run.look_done = real_now, done
             if calls or not run.progress_at:
                 run.progress_at = real_now
+            # (stuck implies slow; both are named for the reader)
             stuck = real_now - run.progress_at > STUCK_AFTER
             slow = real_now - started > STUCK_AFTER and window > RUN_SLOW_CALL * max(1, calls)
             if not (stuck or slow):
@@ -988,26 +999,37 @@ class Controller:
         behind another on a worker while other workers are idle.
 
         The time per call is a mean weighting each report (a chunk's or a run's mean, or a
-        single call) 0.2, which rises at most SERVICE_GROWTH times per STUCK_CHECK_EVERY of
-        the controller's clock. A report is wall time on the worker: a pause of the whole
+        single call) 0.2. Within a window of STUCK_CHECK_EVERY of real time it rises at most
+        SERVICE_GROWTH times its value at the window's start, unless the two windows before
+        were held at that cap too. A report is wall time on the worker: a pause of the whole
         process (a full garbage collection takes 20-50 ms here) or a long wait for the GIL
-        can make every report that spans it a thousand times the calls' own, and taken as
-        they are they would switch chunks and runs off for a while. Calls that really turned
-        slow raise the mean 1.6 times per 10 ms, and their chunks and runs are released or
-        detached meanwhile; shorter calls lower it by a fifth of the gap per report."""
+        makes every report that spans it up to a thousand times the calls' own, and they come
+        in one window: the cap keeps them from switching chunks and runs off. Calls that
+        really turned slow keep hitting the cap, and after two windows the mean follows them
+        (their chunks and runs are released or detached meanwhile). Shorter calls lower it by
+        a fifth of the gap per report."""
         if not self._chunks:
             return
         previous = self._service
-        now = self._clock.monotonic()
+        now = self._service_clock()
         if previous is None:
             service = took
+            self._service_cap = max(took, MIN_SERVICE) * SERVICE_GROWTH
+            self._service_window_end = now + STUCK_CHECK_EVERY
         else:
             if now >= self._service_window_end:
-                self._service_cap = previous * SERVICE_GROWTH
+                # A new window: was the one that ended held at the cap?
+                self._capped_windows = self._capped_windows + 1 if self._capped else 0
+                self._capped = False
+                self._service_cap = max(previous, MIN_SERVICE) * SERVICE_GROWTH
                 self._service_window_end = now + STUCK_CHECK_EVERY
-            service = min(previous * 0.8 + took * 0.2, self._service_cap)
+            service = previous * 0.8 + took * 0.2
+            if service > self._service_cap:
+                self._capped = True
+                if self._capped_windows < 2:
+                    service = self._service_cap
         self._service = service
-        self.chunk_size = max(1, min(MAX_CHUNK, int(THREAD_HOP / max(service, 1e-7))))
+        self.chunk_size = max(1, min(MAX_CHUNK, int(THREAD_HOP / max(service, MIN_SERVICE))))
 
     def _release_stuck_chunks(self) -> None:
         real_now = time.monotonic()

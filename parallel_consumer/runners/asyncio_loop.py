@@ -181,6 +181,7 @@ class AsyncioRunner:
             try:
                 loop.run_until_complete(loop.shutdown_asyncgens())
             finally:
+                self._report()  # calls that ended in the loop's last passes
                 blocking.shutdown(wait=False, cancel_futures=True)
                 asyncio.set_event_loop(None)
                 loop.close()
@@ -256,10 +257,12 @@ class AsyncioRunner:
         self._hooks.on_call_end(batch, context, error)
         partial = error is None and context.has_failures
         results = self._results
-        if not results:
+        results.append((batch, context.outcomes(error), value, self._clock.monotonic(), partial))
+        if self._halted:
+            self._report()  # (the loop is stopping: a report scheduled now might never run)
+        elif len(results) == 1:
             assert self._loop is not None
             self._loop.call_soon(self._report)
-        results.append((batch, context.outcomes(error), value, self._clock.monotonic(), partial))
         if self._queued:
             self._fill()
 

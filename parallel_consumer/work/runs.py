@@ -100,8 +100,8 @@ class Run:
         #: call in the in-flight table, settled when the run's report comes.
         self.adopted: tuple[int, int] | None = None
         self.detached = False
-        #: The stuck check's last look (time.monotonic()) and ``done`` then, and when ``done``
-        #: last changed.
+        #: The stuck check's last look (time.perf_counter(), as ``started``) and ``done``
+        #: then, and when ``done`` last changed.
         self.look_at = 0.0
         self.look_done = 0
         self.progress_at = 0.0

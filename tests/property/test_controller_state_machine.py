@@ -184,6 +184,8 @@ class ControllerMachine(RuleBasedStateMachine):
             committer=ConsumerCommitter(self.poller, self.options.commit_mode),
             clock=self.clock,
         )
+        # (the time per call follows real time; here the machine's clock)
+        self.controller._service_clock = self.clock.monotonic
         self.outputs = FakeOutputs(lambda tp: self.epoch.get(tp))
         self.controller.start(
             lambda ctx: None,

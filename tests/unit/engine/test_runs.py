@@ -219,8 +219,8 @@ def test_close_without_drain_starts_no_call_of_a_run_after_it(
         calls[0] += 1
         if calls[0] == WARM_UP + 100 and not closer:
             thread = threading.Thread(target=pc.close, kwargs={"drain": False, "timeout": 10})
+            thread.start()  # (before it is published: the test thread joins what it finds)
             closer.append(thread)
-            thread.start()
             wait_until(lambda: pc._controller.lifecycle is not Lifecycle.RUNNING, timeout=10)
             closing.set()
 
@@ -283,6 +283,7 @@ def test_a_process_pause_does_not_end_the_fast_path():
     clock = FakeClock()
     controller = stepped_controller(clock)
     controller._chunks = True  # a runner that takes chunks and runs
+    controller._service_clock = clock.monotonic  # (real time, here under the test's control)
     for _ in range(20):
         clock.advance(0.001)
         controller._observe_service(2e-6)
@@ -301,6 +302,23 @@ def test_a_process_pause_does_not_end_the_fast_path():
     for _ in range(40):
         controller._observe_service(2e-6)
     assert controller.chunk_size >= controller_module.RUN_FROM_CHUNK
+
+
+@pytest.mark.parametrize("start", [0.0, -1.0, 1e6])
+def test_calls_of_milliseconds_after_a_short_first_one_go_one_by_one_within_30_ms(start):
+    """W1's handler sleeps 0-4 ms; a first call of sleep(0) reports microseconds. The
+    following reports, 2 ms each, one per millisecond, must switch chunks and runs off within
+    three windows, whatever the clock reads."""
+    clock = FakeClock(start=start)
+    controller = stepped_controller(clock)
+    controller._chunks = True
+    controller._service_clock = clock.monotonic
+    controller._observe_service(3e-6)
+    assert controller.chunk_size > 1
+    for _ in range(30):
+        clock.advance(0.001)
+        controller._observe_service(0.002)
+    assert controller.chunk_size == 1
 
 
 def _looked_at(controller, run, looks: list[tuple[float, int]]) -> None:

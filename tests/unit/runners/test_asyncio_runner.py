@@ -111,6 +111,36 @@ def test_calls_that_end_together_are_reported_in_one_event(runners):
     assert results.events <= 10
 
 
+def test_calls_that_end_as_the_loop_stops_are_still_reported(runners):
+    # Given two calls waiting on futures
+    futures: dict[int, asyncio.Future[str]] = {}
+
+    async def handle(ctx: PollContext) -> str:
+        future = asyncio.get_running_loop().create_future()
+        futures[ctx.offset] = future
+        return await future
+
+    results = start(runners, handle)
+    runner = runners[0]
+    for i in range(2):
+        runner.submit(i, context(i))
+    while len(futures) < 2:
+        time.sleep(0.01)
+
+    # When one ends just before the loop is halted and one in the same pass as the halt
+    def last_pass() -> None:
+        futures[0].set_result("a")
+        runner._halt()
+        futures[1].set_result("b")
+
+    assert runner._loop is not None
+    assert runner._thread is not None
+    runner._loop.call_soon_threadsafe(last_pass)
+    runner._thread.join(5)
+    # Then both are reported (no result stays buffered in a stopped loop)
+    assert {b: e.value for b, e in results.take(2, timeout=2).items()} == {0: "a", 1: "b"}
+
+
 def test_runs_on_one_loop_thread_named_after_the_consumer(runners):
     threads: set[str] = set()
 
