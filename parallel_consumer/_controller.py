@@ -95,6 +95,7 @@ from parallel_consumer.work.outputs import Pending, PendingOutputs, TransactionG
 from parallel_consumer.work.partitions import PartitionState, RecordTotals, restored_state
 from parallel_consumer.work.progress import ProgressWatch, Stall
 from parallel_consumer.work.runs import Run, Runs
+from parallel_consumer.work.service import MIN_SERVICE, ServiceTime
 from parallel_consumer.work.shards import ShardMap
 from parallel_consumer.work.stall import StallWatch
 
@@ -109,11 +110,6 @@ WARN_FROM_ATTEMPT = 3
 THREAD_HOP = 60e-6
 #: Most calls in one chunk.
 MAX_CHUNK = 64
-#: The time per call adaptive dispatch goes by rises at most this many times per
-#: STUCK_CHECK_EVERY (see Controller._observe_service).
-SERVICE_GROWTH = 1.6
-#: The shortest time per call adaptive dispatch reckons with (seconds).
-MIN_SERVICE = 1e-7
 #: Adaptive dispatch (docs/performance.md#adaptive-dispatch). It needs a runner that can take
 #: over the rest of a chunk whose current call hangs (``release_stuck``).
 ADAPTIVE_DISPATCH = True
@@ -178,17 +174,10 @@ class Controller:
         #: Per partition since the start, across assignments: records processed, attempts
         #: failed (Statistics.partition_totals; metrics read them instead of a hook per call).
         self._totals: dict[TopicPartition, RecordTotals] = {}
-        #: Time per call as the runner measured it (a weighted mean, see _observe_service),
-        #: the most it may rise to until the end of the current window, that end (real time:
-        #: the window is about threads and pauses, not the engine's clock; tests may replace
-        #: _service_clock), whether a report hit the cap in this window, and in how many
-        #: windows in a row before it.
-        self._service: float | None = None
-        self._service_cap = 0.0
-        self._service_window_end = 0.0
+        #: Time per call as the runners report it. Its windows are real time (they are about
+        #: threads and pauses, not the engine's clock); tests may replace _service_clock.
+        self._service_time = ServiceTime(STUCK_CHECK_EVERY)
         self._service_clock: Callable[[], float] = time.monotonic
-        self._capped = False
-        self._capped_windows = 0
         #: Calls per hand-over to the runner: 1, or more for calls much shorter than a thread
         #: hop (adaptive dispatch; only runners with ``submit_chunk``, and no deadlines).
         self.chunk_size = 1
@@ -652,7 +641,7 @@ class Controller:
         limit = self._call_limit()
         short = self.chunk_size >= RUN_FROM_CHUNK
         blocked = self._commits.blocked
-        service = self._service or THREAD_HOP
+        service = self._service_time.value or THREAD_HOP
         longest = max(MAX_CHUNK, int(STUCK_AFTER / 4 / service))
         sampling = self._sampling
         timed = sampling.slow_after if sampling is not None else None
@@ -994,41 +983,12 @@ class Controller:
                 self._chunks_out = True
 
     def _observe_service(self, took: float) -> None:
-        """Adaptive dispatch: follow the time per call; calls much shorter than a thread hop go
-        out in chunks (one hop for many calls), longer ones one by one, so that no call waits
-        behind another on a worker while other workers are idle.
-
-        The time per call is a mean weighting each report (a chunk's or a run's mean, or a
-        single call) 0.2. Within a window of STUCK_CHECK_EVERY of real time it rises at most
-        SERVICE_GROWTH times its value at the window's start, unless the two windows before
-        were held at that cap too. A report is wall time on the worker: a pause of the whole
-        process (a full garbage collection takes 20-50 ms here) or a long wait for the GIL
-        makes every report that spans it up to a thousand times the calls' own, and they come
-        in one window: the cap keeps them from switching chunks and runs off. Calls that
-        really turned slow keep hitting the cap, and after two windows the mean follows them
-        (their chunks and runs are released or detached meanwhile). Shorter calls lower it by
-        a fifth of the gap per report."""
+        """Adaptive dispatch: follow the time per call (:class:`ServiceTime`); calls much
+        shorter than a thread hop go out in chunks (one hop for many calls), longer ones one by
+        one, so that no call waits behind another on a worker while other workers are idle."""
         if not self._chunks:
             return
-        previous = self._service
-        now = self._service_clock()
-        if previous is None:
-            service = took
-            self._service_cap = max(took, MIN_SERVICE) * SERVICE_GROWTH
-            self._service_window_end = now + STUCK_CHECK_EVERY
-        else:
-            if now >= self._service_window_end:
-                # A new window: was the one that ended held at the cap?
-                self._capped_windows = self._capped_windows + 1 if self._capped else 0
-                self._capped = False
-                self._service_cap = max(previous, MIN_SERVICE) * SERVICE_GROWTH
-                self._service_window_end = now + STUCK_CHECK_EVERY
-            service = previous * 0.8 + took * 0.2
-            if service > self._service_cap:
-                self._capped = True
-                if self._capped_windows < 2:
-                    service = self._service_cap
-        self._service = service
+        service = self._service_time.observe(took, self._service_clock())
         self.chunk_size = max(1, min(MAX_CHUNK, int(THREAD_HOP / max(service, MIN_SERVICE))))
 
     def _release_stuck_chunks(self) -> None:

@@ -88,19 +88,20 @@ def test_calls_report_the_awaited_value(runners):
 def test_calls_that_end_together_are_reported_in_one_event(runners):
     # Given 300 calls that all wait for the same moment
     gate: list[asyncio.Event] = []
+    waiting = threading.Semaphore(0)
 
     async def handle(ctx: PollContext) -> int:
         if not gate:
             gate.append(asyncio.Event())
+        waiting.release()
         await gate[0].wait()
         return ctx.offset
 
     results = start(runners, handle, capacity=300)
     for i in range(300):
         runners[0].submit(i, context(i))
-    while not gate:
-        time.sleep(0.01)
-    time.sleep(0.2)  # (every call is waiting)
+    for _ in range(300):  # every call is waiting
+        assert waiting.acquire(timeout=10)
     # When they end in the same pass of the loop
     loop = runners[0]._loop
     assert loop is not None
