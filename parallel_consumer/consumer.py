@@ -229,7 +229,11 @@ class ParallelConsumer:
         options = self._options
         if kind is RunnerKind.ASYNCIO:
             return AsyncioRunner(
-                options.max_concurrency, self._clock, name=self._name, hooks=self._hooks
+                options.max_concurrency,
+                self._clock,
+                name=self._name,
+                hooks=self._hooks,
+                loop_factory=options.loop_factory,
             )
         if kind is RunnerKind.PROCESS:
             assert options.processes is not None
@@ -257,6 +261,12 @@ class ParallelConsumer:
             )
         is_async = found == "async"
         kind = self._options.runner
+        if not is_async and self._options.loop_factory is not None:
+            raise ConfigurationError(
+                f"Options.loop_factory is set, but {handler!r} is a plain function: it runs on "
+                "worker threads, not on an event loop. Make the handler async def, or remove "
+                "loop_factory"
+            )
         if kind is None:
             return RunnerKind.ASYNCIO if is_async else RunnerKind.THREADS
         if is_async and kind is not RunnerKind.ASYNCIO:

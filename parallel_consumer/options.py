@@ -21,6 +21,8 @@ from parallel_consumer._failure_options import (
 from parallel_consumer.errors import ConfigurationError
 
 if TYPE_CHECKING:
+    import asyncio
+
     from parallel_consumer.context import RecordContext
 
 __all__ = [
@@ -168,6 +170,10 @@ class Options:
     #: Worker processes of ``runner="process"`` (``None``: ``os.cpu_count()``); each runs one
     #: call at a time. Only valid with ``runner="process"``.
     processes: int | None = None
+    #: Makes the event loop of the asyncio runner (``None``: ``asyncio.new_event_loop``), as
+    #: ``asyncio.Runner(loop_factory=...)`` does; e.g. ``uvloop.new_event_loop`` for a faster
+    #: loop. Only for ``async def`` handlers (docs/async-handlers.md#the-event-loop).
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
     #: Records per handler call; the handler receives a PollContext of up to this many records.
     batch_size: int = 1
     commit_mode: CommitMode = CommitMode.PERIODIC_CONSUMER_ASYNC
@@ -243,6 +249,17 @@ class Options:
                 f"Options.processes={self.processes!r} only applies to runner='process' "
                 f"(runner is {self.runner!r}); remove it or set runner='process'"
             )
+        if self.loop_factory is not None:
+            if not callable(self.loop_factory):
+                raise ConfigurationError(
+                    "Options.loop_factory must be a callable returning an asyncio event loop "
+                    f"(such as uvloop.new_event_loop), got {self.loop_factory!r}"
+                )
+            if self.runner is RunnerKind.THREADS or self.runner is RunnerKind.PROCESS:
+                raise ConfigurationError(
+                    f"Options.loop_factory only applies to async def handlers (the asyncio "
+                    f"runner); runner is {self.runner!r}: remove loop_factory or the runner"
+                )
         setattr_(
             self,
             "invalid_metadata_policy",

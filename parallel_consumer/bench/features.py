@@ -12,7 +12,12 @@ import functools
 import parallel_consumer
 from parallel_consumer import options as options_module
 
-__all__ = ["async_handlers_missing", "poll_and_produce_missing", "process_runner_missing"]
+__all__ = [
+    "async_handlers_missing",
+    "poll_and_produce_missing",
+    "process_runner_missing",
+    "uvloop_missing",
+]
 
 
 @functools.cache
@@ -45,6 +50,20 @@ def process_runner_missing() -> str | None:
         return (
             "this parallel_consumer has no process runner (Options(runner='process', processes=N))"
         )
+    return None
+
+
+@functools.cache
+def uvloop_missing() -> str | None:
+    """Rows on uvloop need ``Options.loop_factory`` and the uvloop package (the ``uvloop``
+    extra)."""
+    fields = getattr(options_module.Options, "__dataclass_fields__", {})
+    if "loop_factory" not in fields:
+        return "this parallel_consumer has no Options.loop_factory"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "uvloop is not installed (pip install 'parallel-consumer[uvloop]')"
     return None
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from parallel_consumer._clock import Clock
 from parallel_consumer._events import CallResult, WorkDone, WorkDoneMany
 from parallel_consumer.context import PollContext
+from parallel_consumer.errors import ConfigurationError
 from parallel_consumer.hooks import Hooks, NoHooks
 from parallel_consumer.runners.base import CallCancelled, Handler, not_a_result
 
@@ -55,9 +56,16 @@ class AsyncioRunner:
     """
 
     def __init__(
-        self, capacity: int, clock: Clock, *, name: str = "pc", hooks: Hooks | None = None
+        self,
+        capacity: int,
+        clock: Clock,
+        *,
+        name: str = "pc",
+        hooks: Hooks | None = None,
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
     ) -> None:
         self.capacity = capacity
+        self._loop_factory = loop_factory or asyncio.new_event_loop
         self.backlog = max(1, capacity // 4)
         self._clock = clock
         self._name = name
@@ -86,7 +94,7 @@ class AsyncioRunner:
     def start(self, handler: Handler, done: Callable[[WorkDone], None]) -> None:
         self._handler = handler
         self._done = done
-        loop = asyncio.new_event_loop()
+        loop = _new_loop(self._loop_factory)
         ready = threading.Event()
         thread = threading.Thread(
             target=self._run_loop, args=(loop, ready), name=f"{self._name}-aio-loop", daemon=True
@@ -333,6 +341,25 @@ class AsyncioRunner:
             f"<AsyncioRunner {state} running={len(self._running)}/{self.capacity} "
             f"queued={len(self._queued)}>"
         )
+
+
+def _new_loop(factory: Callable[[], asyncio.AbstractEventLoop]) -> asyncio.AbstractEventLoop:
+    """A fresh loop from ``factory`` (Options.loop_factory), checked: a wrong factory fails
+    the start of the consumer with a clear error, not its first call."""
+    try:
+        loop = factory()
+    except Exception as exc:
+        raise ConfigurationError(f"Options.loop_factory {factory!r} failed: {exc!r}") from exc
+    if not isinstance(loop, asyncio.AbstractEventLoop):
+        raise ConfigurationError(
+            f"Options.loop_factory {factory!r} returned {loop!r}, not an asyncio event loop"
+        )
+    if loop.is_running() or loop.is_closed():
+        raise ConfigurationError(
+            f"Options.loop_factory {factory!r} returned a loop that is running or closed; it "
+            "must make a new loop each time (the runner runs it in its own thread)"
+        )
+    return loop
 
 
 async def _call(handler: Handler, context: PollContext, is_open: Callable[[], bool]) -> _Result:

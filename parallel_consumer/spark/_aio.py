@@ -1,6 +1,7 @@
 """``async def`` handlers in the Spark runner's core: the lanes of one call as tasks on one
-event loop (``asyncio.run`` per call), at most ``Options.max_concurrency`` handler calls at
-once; a retry delay is an ``asyncio.sleep`` of its lane. See :mod:`parallel_consumer.spark._core`.
+event loop (a fresh one per call, from ``Options.loop_factory``), at most
+``Options.max_concurrency`` handler calls at once; a retry delay is an ``asyncio.sleep`` of its
+lane. See :mod:`parallel_consumer.spark._core`.
 """
 
 from __future__ import annotations

@@ -457,7 +457,8 @@ def process(
     if handler_kind(handler) == "async":
         from parallel_consumer.spark._aio import run_lanes
 
-        done = asyncio.run(run_lanes(lanes, handler, options, group, wall))
+        with asyncio.Runner(loop_factory=options.loop_factory) as runner:
+            done = runner.run(run_lanes(lanes, handler, options, group, wall))
     else:
         done = _run_threads(lanes, handler, options, group, executor, sleep, wall)
     for lane in done:

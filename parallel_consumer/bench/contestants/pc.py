@@ -28,6 +28,8 @@ class ParallelConsumerContestant:
 
     def unsupported(self, row: Row) -> str | None:
         if row.async_handler:
+            if row.runner.get("loop_factory") == "uvloop":
+                return features.async_handlers_missing() or features.uvloop_missing()
             return features.async_handlers_missing()
         if row.runner.get("runner") == "process":
             return features.process_runner_missing()
@@ -39,6 +41,10 @@ class ParallelConsumerContestant:
         extra: dict[str, Any] = dict(row.runner)
         if "runner" in extra:
             extra["runner"] = RunnerKind(extra["runner"])
+        if extra.get("loop_factory") == "uvloop":
+            import uvloop
+
+            extra["loop_factory"] = uvloop.new_event_loop
         if row.produce:
             extra["commit_mode"] = CommitMode[row.produce]
         return Options(

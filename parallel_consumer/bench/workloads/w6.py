@@ -1,6 +1,7 @@
 """W6: async I/O fan-out: 20,000 records, an ``async def`` handler awaiting 50 ms
 (``asyncio.sleep``), UNORDERED and KEY with 10,000 keys, 5,000 at once. Needs the asyncio
-runner; ideal ``N·t/C``."""
+runner; ideal ``N·t/C``. Each row also runs on uvloop (``Options.loop_factory``; skipped
+without uvloop)."""
 
 from __future__ import annotations
 
@@ -18,14 +19,16 @@ def rows(scale: Scale) -> list[Row]:
     return [
         Row(
             workload="W6",
-            label=f"{label} C=5000",
+            label=f"{label} C=5000{suffix}",
             data=data,
             ordering=ordering,
             concurrency=5000,
             work=Work("async_sleep", 50),
             commit_interval=0.5,
             async_handler=True,
+            runner=runner,
         )
+        for suffix, runner in (("", {}), (" uvloop", {"loop_factory": "uvloop"}))
         for label, ordering in configs
     ]
 

@@ -45,6 +45,7 @@ def test_engine_features_answer_with_a_reason_or_none():
         features.async_handlers_missing,
         features.process_runner_missing,
         features.poll_and_produce_missing,
+        features.uvloop_missing,
     ):
         answer = probe()
         assert answer is None or (isinstance(answer, str) and "\n" not in answer)
@@ -55,7 +56,9 @@ def test_a_row_needing_a_missing_feature_is_skipped_by_pc_with_that_reason():
     for workload in ("W1b", "W4", "W5", "W6"):
         for r in WORKLOADS[workload].rows("tiny"):
             reason = pc.unsupported(r)
-            if r.async_handler:
+            if r.async_handler and r.runner.get("loop_factory") == "uvloop":
+                assert reason == (features.async_handlers_missing() or features.uvloop_missing())
+            elif r.async_handler:
                 assert reason == features.async_handlers_missing()
             elif r.produce is not None:
                 assert reason == features.poll_and_produce_missing()
@@ -63,6 +66,23 @@ def test_a_row_needing_a_missing_feature_is_skipped_by_pc_with_that_reason():
                 assert reason == features.process_runner_missing()
             else:
                 assert reason is None
+
+
+def test_uvloop_rows_run_on_uvloop_and_the_others_on_asyncio():
+    pc = CONTESTANTS[US]
+    rows = [*WORKLOADS["W1b"].rows("full"), *WORKLOADS["W6"].rows("full")]
+    uv = [r for r in rows if r.label.endswith(" uvloop")]
+    assert {r.label for r in uv} == {
+        "KEY-10000 C=1000 async uvloop",
+        "UNORDERED C=1000 async uvloop",
+        "UNORDERED C=5000 uvloop",
+        "KEY-10000 C=5000 uvloop",
+    }
+    if features.uvloop_missing() is None:
+        import uvloop
+
+        assert {pc.options(r).loop_factory for r in uv} == {uvloop.new_event_loop}
+    assert {pc.options(r).loop_factory for r in rows if r not in uv} == {None}
 
 
 def test_share_runs_unordered_rows_only_and_raw_no_op_rows_only():

@@ -46,6 +46,30 @@ def test_an_async_handler_runs_on_the_event_loop_thread(harness, cluster, wait_u
     assert cluster.committed("g", "t", 0) == (20, None)
 
 
+def test_async_handlers_run_on_the_loop_that_loop_factory_makes(harness, cluster, wait_until):
+    # Given a consumer whose loop_factory makes loops of a recognisable kind
+    class Loop(asyncio.SelectorEventLoop):
+        pass
+
+    cluster.create_topic("t")
+    for i in range(20):
+        cluster.produce("t", b"%d" % i)
+    loops: set[str] = set()
+
+    async def handle(ctx: PollContext) -> None:
+        await asyncio.sleep(0)
+        loops.add(type(asyncio.get_running_loop()).__qualname__)
+
+    pc = harness.make(Options(loop_factory=Loop))
+    # When its async handler runs
+    pc.poll(handle)
+    # Then every call ran on that loop, and the records commit as usual
+    wait_until(lambda: pc.statistics().records_succeeded == 20)
+    assert loops == {Loop.__qualname__}
+    pc.close()
+    assert cluster.committed("g", "t", 0) == (20, None)
+
+
 def test_five_thousand_calls_are_in_flight_at_once(harness, cluster, wait_until):
     # Given 5,000 records with distinct keys and max_concurrency=5000
     cluster.create_topic("t", 2)
@@ -234,6 +258,24 @@ def test_runner_accepts_members_and_their_usual_names(given, expected):
 def test_an_unknown_runner_name_is_a_configuration_error():
     with pytest.raises(ConfigurationError, match=r"Options\.runner must be one of"):
         Options(runner="greenlet")
+
+
+def test_loop_factory_must_be_callable_and_only_goes_with_the_asyncio_runner():
+    assert Options(loop_factory=asyncio.new_event_loop).loop_factory is asyncio.new_event_loop
+    assert Options(runner="asyncio", loop_factory=asyncio.new_event_loop).loop_factory
+    with pytest.raises(ConfigurationError, match="loop_factory must be a callable"):
+        Options(loop_factory="uvloop")  # type: ignore[arg-type]
+    for runner in ("threads", "process"):
+        with pytest.raises(ConfigurationError, match="only applies to async def handlers"):
+            Options(runner=runner, loop_factory=asyncio.new_event_loop)
+
+
+def test_a_plain_handler_with_a_loop_factory_is_a_configuration_error(harness, cluster):
+    cluster.create_topic("t")
+    pc = harness.make(Options(loop_factory=asyncio.new_event_loop))
+    with pytest.raises(ConfigurationError, match="loop_factory is set"):
+        pc.poll(_sync_handler)
+    pc.poll(_async_handler)
 
 
 def test_processes_defaults_to_the_cpu_count_and_needs_the_process_runner():

@@ -380,3 +380,76 @@ def test_a_call_that_raises_fails_every_record_even_after_ctx_fail(runners):
     event = results.take(1)[1]
     assert not event.partial
     assert [type(e) for e in event.errors] == [KeyError, KeyError]
+
+
+class _CountingLoop(asyncio.SelectorEventLoop):
+    """An event loop a test can recognise: the one its factory made."""
+
+
+def test_the_loop_comes_from_loop_factory(runners):
+    # Given a loop factory that makes loops of its own kind
+    made: list[asyncio.AbstractEventLoop] = []
+
+    def factory() -> asyncio.AbstractEventLoop:
+        made.append(_CountingLoop())
+        return made[-1]
+
+    async def handle(ctx: PollContext) -> object:
+        await asyncio.sleep(0)
+        return asyncio.get_running_loop()
+
+    results = Results()
+    runner = AsyncioRunner(10, SystemClock(), name="test", loop_factory=factory)
+    runner.start(handle, results)  # type: ignore[arg-type]
+    runners.append(runner)
+    # When calls run
+    for i in range(3):
+        runner.submit(i, context(i))
+    # Then they ran on the one loop the factory made
+    done = results.take(3)
+    assert len(made) == 1
+    assert {e.value for e in done.values()} == {made[0]}
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        (lambda: object(), "not an asyncio event loop"),
+        (lambda: 1 / 0, "failed: ZeroDivisionError"),
+    ],
+    ids=["not-a-loop", "raises"],
+)
+def test_a_wrong_loop_factory_fails_the_start_clearly(factory, message):
+    from parallel_consumer.errors import ConfigurationError
+
+    runner = AsyncioRunner(10, SystemClock(), name="test", loop_factory=factory)
+    with pytest.raises(ConfigurationError, match=message):
+        runner.start(lambda ctx: None, Results())  # type: ignore[arg-type]
+
+
+def test_a_loop_factory_that_returns_a_closed_loop_fails_the_start_clearly():
+    from parallel_consumer.errors import ConfigurationError
+
+    closed = asyncio.new_event_loop()
+    closed.close()
+    runner = AsyncioRunner(10, SystemClock(), name="test", loop_factory=lambda: closed)
+    with pytest.raises(ConfigurationError, match="running or closed"):
+        runner.start(lambda ctx: None, Results())  # type: ignore[arg-type]
+
+
+def test_uvloop_runs_the_calls(runners):
+    uvloop = pytest.importorskip("uvloop", reason="uvloop is the 'uvloop' extra")
+
+    async def handle(ctx: PollContext) -> str:
+        await asyncio.sleep(0.001)
+        return type(asyncio.get_running_loop()).__module__
+
+    results = Results()
+    runner = AsyncioRunner(100, SystemClock(), name="test", loop_factory=uvloop.new_event_loop)
+    runner.start(handle, results)  # type: ignore[arg-type]
+    runners.append(runner)
+    for i in range(200):
+        runner.submit(i, context(i))
+    done = results.take(200)
+    assert {e.errors for e in done.values()} == {(None,)}
+    assert {e.value for e in done.values()} == {"uvloop"}

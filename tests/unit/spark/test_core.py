@@ -385,6 +385,25 @@ def test_async_handlers_run_on_one_loop_with_lanes_concurrent() -> None:
     assert result.partitions[("in", 0)].retries == 1
 
 
+class _TaggedLoop(asyncio.SelectorEventLoop):
+    pass
+
+
+def test_async_handlers_run_on_the_loop_of_options_loop_factory() -> None:
+    # Given an async handler that notes the kind of loop it runs on
+    kinds: set[type] = set()
+
+    async def handler(ctx: PollContext) -> ProducerRecord:
+        kinds.add(type(asyncio.get_running_loop()))
+        return echo(ctx)
+
+    # When the core runs it with a loop factory
+    result = process(records(10, 3), handler, Options(loop_factory=_TaggedLoop))
+    # Then the calls ran on the factory's loop
+    assert kinds == {_TaggedLoop}
+    assert len(result.rows) == 10
+
+
 def test_settings_the_runner_cannot_honour_are_refused() -> None:
     from parallel_consumer.spark._core import check_options
 
