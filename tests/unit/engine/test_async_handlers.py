@@ -278,6 +278,19 @@ def test_a_plain_handler_with_a_loop_factory_is_a_configuration_error(harness, c
     pc.poll(_async_handler)
 
 
+def test_a_loop_factory_that_fails_fails_poll_and_the_consumer_still_closes(harness, cluster):
+    cluster.create_topic("t")
+
+    def broken() -> asyncio.AbstractEventLoop:
+        raise RuntimeError("no loop today")
+
+    pc = harness.make(Options(loop_factory=broken))
+    with pytest.raises(ConfigurationError, match="no loop today"):
+        pc.poll(_async_handler)
+    pc.close(timeout=5)
+    assert not [t for t in threading.enumerate() if t.name.startswith(pc._name + "-")]
+
+
 def test_processes_defaults_to_the_cpu_count_and_needs_the_process_runner():
     assert Options(runner="process").processes == (os.cpu_count() or 1)
     assert Options(runner="process", processes=3).processes == 3
