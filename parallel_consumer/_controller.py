@@ -651,7 +651,7 @@ class Controller:
             if not short or tp in blocked:
                 self._runs_to_lanes(tp)
                 continue
-            if len(self._in_flight) + len(runs.out) >= limit:
+            if len(self._in_flight) + self._workers_in_runs() >= limit:
                 break
             epoch, messages = queued.pop(tp)
             if len(messages) > longest:
@@ -662,7 +662,17 @@ class Controller:
             self._shards.count_waiting(tp, -len(messages))
             self._runner.submit_run(run)  # type: ignore[attr-defined]
             self._chunks_out = True
-        return len(runs.out)
+        return self._workers_in_runs()
+
+    def _workers_in_runs(self) -> int:
+        """Workers that runs hold, beside the calls of the in-flight table: one per run out,
+        but for a detached run whose call in progress is in that table already (adopted): a
+        hung call must hold one slot of the call limit, not two."""
+        out = len(self._runs.out)
+        if self._adopted:
+            in_flight = self._in_flight
+            out -= sum(1 for batch_id in self._adopted if batch_id in in_flight)
+        return out
 
     def _on_run_done(self, event: RunDone) -> None:
         run = event.run
@@ -920,7 +930,7 @@ class Controller:
     def _dispatch(self, now: float) -> None:
         if self.lifecycle is not Lifecycle.RUNNING and self.lifecycle is not Lifecycle.DRAINING:
             return
-        runs_out = self._start_runs() if self._runs.queued else len(self._runs.out)
+        runs_out = self._start_runs() if self._runs.queued else self._workers_in_runs()
         take = self._shards.take
         blocked = self._commits.blocked
         in_flight = self._in_flight
@@ -1474,7 +1484,7 @@ class Controller:
         (Records queued for runs wait for their partition's run by design: one run of a
         partition at a time is what keeps its order, and it is no sign of crowding.)"""
         return (
-            len(self._in_flight) + len(self._runs.out) < self._call_limit()
+            len(self._in_flight) + self._workers_in_runs() < self._call_limit()
             and self._shards.waiting > self._runs.queued_records()
             and not self._shards.has_ready()
         )

@@ -67,6 +67,9 @@ class InFlight:
     def __iter__(self) -> Iterator[Batch]:
         return iter(self._batches.values())
 
+    def __contains__(self, batch_id: object) -> bool:
+        return batch_id in self._batches
+
     def __len__(self) -> int:
         return len(self._batches)
 

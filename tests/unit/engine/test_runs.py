@@ -448,3 +448,45 @@ def test_a_revoke_commits_what_the_run_out_already_finished():
     assert commits[-1].offsets[0].offset == 40
     # and every record of the run is accounted for once: none is left counted as out
     assert controller._runs.records_out == 0
+
+
+def test_a_hung_call_of_a_detached_run_holds_one_slot_of_the_call_limit():
+    """A detached run's call in progress is a single call of the in-flight table, and its run
+    stays out until the worker reports: the call must count once against the call limit, not
+    twice, or every hung call costs the engine one more worker (review finding F3)."""
+    from confluent_kafka import Message
+    from doubles import StuckPoller
+
+    from parallel_consumer._controller import Controller
+    from parallel_consumer._events import Assignment, PartitionsAssigned, RecordsPolled
+    from parallel_consumer.commit import ConsumerCommitter
+
+    poller = StuckPoller()
+    runner = _RunTaker()
+    options = Options(ordering=ProcessingOrder.KEY, commit_interval=60)
+    controller = Controller(
+        options,
+        runner=runner,
+        poller=poller,
+        committer=ConsumerCommitter(poller, options.commit_mode),
+        clock=FakeClock(),
+    )
+    controller.start(lambda ctx: None, thread=False)
+    controller._observe_service(1e-6)  # calls measured short: records go out in runs
+    controller.post(PartitionsAssigned((Assignment(("t", 0), 1, None, None),)))
+    messages = [Message(topic="t", partition=0, offset=o, key=b"k%d" % o) for o in range(100)]
+    controller.post(RecordsPolled({("t", 0): (1, messages)}))
+    controller.run_once(block=False)
+    (run,) = [task for task in runner.taken if hasattr(task, "pending")]
+    # The worker took the run; its first call hangs, and the run is detached
+    run.started = 1.0
+    run.pending.popleft()
+    controller._detach_run(run, drop=False)
+    assert run.adopted is not None and len(controller._in_flight) == 1
+    assert controller._runs.out  # (until the worker reports)
+    # Then the hung call holds one slot: the other records fill the rest of the limit
+    controller.chunk_size = 1  # (calls slow now: one by one)
+    controller.run_once(block=False)
+    limit = runner.capacity + runner.backlog
+    assert len(controller._in_flight) == limit
+    assert controller._workers_in_runs() == 0
