@@ -130,6 +130,16 @@ RUN_FROM_CHUNK = 2
 #: A run whose calls take this long on average, once it ran for STUCK_AFTER, is detached: its
 #: calls are no longer short, and must not run one after another while workers are idle.
 RUN_SLOW_CALL = THREAD_HOP
+#: Chains (docs/performance.md#chains): while calls are not short enough for chunks, a worker
+#: that takes a record of a KEY or PARTITION lane also takes the records waiting behind it, up
+#: to CHAIN_SECONDS of calls and CHAIN_MOST records, and runs them one after another, each only
+#: once the one before succeeded: no round trip through the controller between two records of
+#: a lane. CHAIN_SECONDS is as long as a chunk may run before it counts as stuck: lanes share
+#: the workers at that grain, and a chain's results normally come in one report. CHAIN_MOST
+#: keeps one lane from holding much of a small buffer (its records in flight hold credit).
+CHAINS = True
+CHAIN_SECONDS = STUCK_AFTER
+CHAIN_MOST = 16
 
 
 class PollerPort(Protocol):
@@ -191,6 +201,16 @@ class Controller:
         self._runs_on = False
         #: Calls of detached runs, now single calls in the in-flight table: batch id -> run.
         self._adopted: dict[int, Run] = {}
+        #: Chains (CHAINS) out: per chain (the id of its first call), its calls in flight; per
+        #: call of a chain, its chain. A chain holds one worker however many of its calls are
+        #: in flight: the call limit counts ``_chained`` (calls in flight beyond the first of
+        #: each chain) out of the in-flight table.
+        self._chains_out: dict[int, int] = {}
+        self._chain_of: dict[int, tuple[int, TopicPartition]] = {}
+        self._chained = 0
+        #: Per partition: calls of chains in flight (its backlog too, for pausing).
+        self._chained_by_tp: dict[TopicPartition, int] = {}
+        self._chains = False
         #: on_stall=DEAD_LETTER: records whose young call was given its chance once already.
         self._stall_chances: set[tuple[TopicPartition, int]] = set()
         self._inbox: queue.SimpleQueue[ControllerEvent] = queue.SimpleQueue()
@@ -301,6 +321,18 @@ class Controller:
             and self._on_dispatch is None
             and self._on_work_done is None
             and self._on_success is None
+        )
+        # Chains hand a lane's next records to the worker of the one before; outputs must be
+        # acknowledged before a lane's next record runs (a failed output retries its record),
+        # so not with poll_and_produce, nor in batches.
+        self._chains = (
+            CHAINS
+            and self._chunks
+            and callable(getattr(self._runner, "submit_chain", None))
+            and self._options.ordering is not ProcessingOrder.UNORDERED
+            and self._options.batch_size == 1
+            and not self._produces
+            and self._gate is None
         )
         self._runner.start(handler, self.post)
         self.lifecycle = Lifecycle.RUNNING
@@ -935,11 +967,18 @@ class Controller:
         blocked = self._commits.blocked
         in_flight = self._in_flight
         chunk = self.chunk_size
-        capacity = (self._call_limit() - runs_out) * chunk
+        capacity = (self._call_limit() - runs_out) * chunk + self._chained
         batch_size = self._options.batch_size
         submit = self._runner.submit
         on_dispatch = self._on_dispatch
         timeout = self._timeout
+        # Chains: calls not short enough for chunks, and not so long that one lane's next
+        # records run later on a busy worker than they would on another (CHAIN_SECONDS).
+        chain = 1
+        if self._chains and chunk == 1:
+            service = self._service_time.value
+            if service:
+                chain = max(1, min(CHAIN_MOST, int(CHAIN_SECONDS / service)))
         calls: list[tuple[int, PollContext]] = []
         while len(in_flight) < capacity:
             if batch_size == 1 and timeout is None:
@@ -953,6 +992,14 @@ class Controller:
                         item.message, item.attempts, item.last_failure, item.last_failure_at
                     )
                 )
+                if chain > 1:
+                    after = self._shards.take_following(item, chain - 1, blocked)
+                    if after:
+                        if on_dispatch is not None:
+                            on_dispatch(batch.id, context)
+                        capacity += len(after)
+                        self._submit_chain(batch.id, context, after, now)
+                        continue
             else:
                 items: list[WorkItem] = []
                 while len(items) < batch_size:
@@ -992,6 +1039,72 @@ class Controller:
                 self._runner.submit_chunk(calls)  # type: ignore[attr-defined]
                 self._chunks_out = True
 
+    def _submit_chain(
+        self, first: int, context: PollContext, after: list[WorkItem], now: float
+    ) -> None:
+        """Hand call ``first`` and the records ``after`` it in its lane to one worker as a
+        chain: each record a call of its own in the in-flight table, started only once the
+        one before it succeeded."""
+        calls = [(first, context)]
+        on_dispatch = self._on_dispatch
+        chain_of = self._chain_of
+        tp = after[0].tp
+        chain_of[first] = (first, tp)
+        for item in after:
+            batch = self._in_flight.add((item,), now)
+            follower = PollContext.of_one(
+                RecordContext(item.message, item.attempts, item.last_failure, item.last_failure_at)
+            )
+            if on_dispatch is not None:
+                on_dispatch(batch.id, follower)
+            chain_of[batch.id] = (first, tp)
+            calls.append((batch.id, follower))
+        self._chains_out[first] = len(calls)
+        self._chained_by_tp[tp] = self._chained_by_tp.get(tp, 0) + len(calls)
+        self._chained += len(after)
+        self._counters.chains += 1
+        self._runner.submit_chain(calls)  # type: ignore[attr-defined]
+        self._chunks_out = True
+
+    def _put_back(self, batch_ids: Sequence[int]) -> None:
+        """Calls of a chain that never started (a call before them failed): their records go
+        back to the front of their lane, as if never taken."""
+        items: list[WorkItem] = []
+        for batch_id in batch_ids:
+            self._chain_call_over(batch_id)
+            batch = self._in_flight.pop(batch_id)
+            if batch is None:  # pragma: no cover - taken back meanwhile (close)
+                continue
+            for item in batch.items:
+                state = self._partitions.get(item.tp)
+                if state is None or state.epoch != item.epoch:
+                    # Its partition was revoked meanwhile: as for a stale result.
+                    self._counters.stale += 1
+                    self._to_release += 1
+                    self._shards.stale_done(item)
+                else:
+                    items.append(item)
+        if items:
+            self._shards.put_back(items)
+
+    def _chain_call_over(self, batch_id: int) -> None:
+        """Call ``batch_id`` of a chain left the chain (it ended, or came back unstarted)."""
+        of = self._chain_of.pop(batch_id, None)
+        if of is None:
+            return
+        chain, tp = of
+        by_tp = self._chained_by_tp[tp] - 1
+        if by_tp:
+            self._chained_by_tp[tp] = by_tp
+        else:
+            del self._chained_by_tp[tp]
+        left = self._chains_out[chain] - 1
+        if left:
+            self._chains_out[chain] = left
+            self._chained -= 1
+        else:
+            del self._chains_out[chain]
+
     def _observe_service(self, took: float) -> None:
         """Adaptive dispatch: follow the time per call (:class:`ServiceTime`); calls much
         shorter than a thread hop go out in chunks (one hop for many calls), longer ones one by
@@ -1016,8 +1129,15 @@ class Controller:
         if event.service:  # (0.0: not measured, as for the asyncio runner's reports)
             self._observe_service(event.service)
         work_done = self._work_done
+        chain_of = self._chain_of
         for batch_id, errors, value, finished_at, partial in event.calls:
+            if chain_of:
+                self._chain_call_over(batch_id)
             work_done(batch_id, errors, value, finished_at, partial)
+        if event.unstarted:
+            # (after the failed call's outcome: its record waits for its retry at the front
+            # of its lane, and these go back behind it)
+            self._put_back(event.unstarted)
 
     def _call_limit(self) -> int:
         """How many calls may be in flight. With deadlines there is no backlog inside the
@@ -1484,7 +1604,7 @@ class Controller:
         (Records queued for runs wait for their partition's run by design: one run of a
         partition at a time is what keeps its order, and it is no sign of crowding.)"""
         return (
-            len(self._in_flight) + self._workers_in_runs() < self._call_limit()
+            len(self._in_flight) - self._chained + self._workers_in_runs() < self._call_limit()
             and self._shards.waiting > self._runs.queued_records()
             and not self._shards.has_ready()
         )
@@ -1496,6 +1616,11 @@ class Controller:
             backlog = dict(backlog)
             for tp, run in self._runs.active.items():
                 backlog[tp] = backlog.get(tp, 0) + len(run) - run.settled
+        if self._chained_by_tp:
+            # And so are the records of its chains in flight.
+            backlog = dict(backlog)
+            for tp, count in self._chained_by_tp.items():
+                backlog[tp] = backlog.get(tp, 0) + count
         wanted = self._pauses.update(
             now,
             backlog,
@@ -1789,6 +1914,7 @@ class Controller:
             if queued is not None:
                 self._to_release += len(queued[1])
         for batch_id in self._runner.cancel_queued():
+            self._chain_call_over(batch_id)
             self._deadlines.forget_overrun(batch_id)
             self._deadlines.ended(batch_id)
             batch = self._in_flight.pop(batch_id)

@@ -149,13 +149,17 @@ CallResult = tuple[int, Sequence[BaseException | None], object, float, bool]
 
 @dataclass(frozen=True, slots=True)
 class WorkDoneMany:
-    """The calls of one chunk ended (see ``ThreadRunner.submit_chunk``), or calls of the
-    asyncio runner that ended in one pass of its loop: one event, one thread hop, for many
-    calls. ``service`` is the mean time per call, handler and runner bookkeeping included,
-    that the runner measured over the chunk (0.0: not measured)."""
+    """The calls of one chunk or chain ended (see ``ThreadRunner.submit_chunk`` and
+    ``submit_chain``), or calls of the asyncio runner that ended in one pass of its loop: one
+    event, one thread hop, for many calls. ``service`` is the mean time per call, handler and
+    runner bookkeeping included, that the runner measured over the chunk (0.0: not
+    measured)."""
 
     calls: Sequence[CallResult]
     service: float
+    #: Calls of a chain (``ThreadRunner.submit_chain``) that never started because a call
+    #: before them failed: their records go back to the front of their lane.
+    unstarted: Sequence[int] = ()
 
 
 @dataclass(frozen=True, slots=True)

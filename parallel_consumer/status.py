@@ -148,6 +148,9 @@ class Statistics:
     #: short calls; docs/performance.md#runs), and runs detached because a call took long.
     runs: int = 0
     runs_detached: int = 0
+    #: Chains handed out so far (a lane's next records run by the worker of the record before
+    #: them, for calls of about a millisecond; docs/performance.md#chains).
+    chains: int = 0
 
 
 def assemble_statistics(
@@ -211,6 +214,7 @@ def assemble_statistics(
         chunk_size=chunk_size,
         runs=counters.runs,
         runs_detached=counters.runs_detached,
+        chains=counters.chains,
         partition_totals=tuple(
             PartitionTotals(tp[0], tp[1], t.succeeded, t.failed) for tp, t in (totals or {}).items()
         ),

@@ -30,13 +30,15 @@ class _Chunk:
     what the owner has not started (or reported) while the owner is inside a call that hangs:
     each call is started, and each result reported, exactly once."""
 
-    __slots__ = ("calls", "results", "started")
+    __slots__ = ("calls", "chain", "results", "started")
 
-    def __init__(self, calls: list[Call]) -> None:
+    def __init__(self, calls: list[Call], *, chain: bool = False) -> None:
         self.calls: deque[Call] = deque(calls)
         self.results: deque[CallResult] = deque()
         #: perf_counter() when a worker took the chunk (0.0 while it waits in the queue).
         self.started = 0.0
+        #: A chain: records of one lane, each to start only after the one before succeeded.
+        self.chain = chain
 
     def take_results(self) -> list[CallResult]:
         return drain_left(self.results)
@@ -107,6 +109,19 @@ class ThreadRunner:
         self._active.add(chunk)
         self._tasks.put(chunk)
 
+    def submit_chain(self, calls: list[Call]) -> None:
+        """Run ``calls`` (consecutive records of one lane, in order) one after another on one
+        worker, each only once the one before it succeeded: the next records of a lane start
+        without a round trip through the controller (calls of milliseconds, where that round
+        trip is most of the gap between two records of a lane). After a failed call the rest
+        come back unstarted (``WorkDoneMany.unstarted``). Reported as one
+        :class:`WorkDoneMany`; :meth:`release_stuck` reports the finished calls of a chain
+        early, but never hands its calls to other workers, where they would overtake the call
+        before them in their lane."""
+        chunk = _Chunk(calls, chain=True)
+        self._active.add(chunk)
+        self._tasks.put(chunk)
+
     @property
     def runs(self) -> bool:
         """Whether :meth:`submit_run` may be used: a run calls no per-call hook."""
@@ -132,9 +147,10 @@ class ThreadRunner:
             started = chunk.started
             if not started or now - started <= older_than:
                 continue
-            for call in chunk.take_calls():
-                self._tasks.put(call)
-                moved += 1
+            if not chunk.chain:
+                for call in chunk.take_calls():
+                    self._tasks.put(call)
+                    moved += 1
             results = chunk.take_results()
             if results or moved:
                 # The mean time per call so far, the running one counted: it tells the
@@ -222,6 +238,8 @@ class ThreadRunner:
         ran = 0
         call = self._call
         calls = chunk.calls
+        chain = chunk.chain
+        unstarted: list[int] = []
         stopped = False
         try:
             while True:
@@ -235,12 +253,16 @@ class ThreadRunner:
                     break
                 chunk.results.append(result)
                 ran += 1
+                if chain and (result[4] or any(e is not None for e in result[1])):
+                    # It failed: the lane's next records must wait for its retry.
+                    unstarted = [batch for batch, _ in chunk.take_calls()]
+                    break
         finally:
             active.discard(chunk)
         results = chunk.take_results()
-        if results:
-            service = (time.perf_counter() - started) / ran
-            done(WorkDoneMany(results, service))  # type: ignore[arg-type]
+        if results or unstarted:
+            service = (time.perf_counter() - started) / max(1, ran)
+            done(WorkDoneMany(results, service, unstarted))  # type: ignore[arg-type]
         return not stopped
 
     def _run_records(self, handler: Handler, done: Callable[[WorkDone], None], run: Run) -> bool:

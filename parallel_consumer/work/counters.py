@@ -43,3 +43,5 @@ class Counters:
     #: Runs handed to the runner (docs/performance.md#runs), and runs detached while running.
     runs: int = 0
     runs_detached: int = 0
+    #: Chains handed to the runner (docs/performance.md#chains).
+    chains: int = 0

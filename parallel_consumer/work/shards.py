@@ -221,6 +221,51 @@ class ShardMap:
             return head
         return None
 
+    def take_following(
+        self, head: WorkItem, most: int, blocked: Mapping[TopicPartition, int]
+    ) -> list[WorkItem]:
+        """After :meth:`take` handed out ``head`` of a KEY or PARTITION lane: up to ``most``
+        records that wait behind it in its lane, in order, to run after it on the same worker
+        (a chain, see ``ThreadRunner.submit_chain``). Each keeps the lane busy as ``head``
+        does, until it is finished, failed or put back (:meth:`put_back`). A blocked
+        partition's records at or above its limit stay (see :meth:`take`)."""
+        if not self._ordered or most <= 0:
+            return []
+        shard = self._shards.get(head.shard_key)
+        if shard is None or not shard.queue:
+            return []
+        queue = shard.queue
+        limit = blocked.get(shard.tp)
+        out: list[WorkItem] = []
+        while queue and len(out) < most:
+            item = queue[0]
+            if limit is not None and item.offset >= limit:
+                break
+            queue.popleft()
+            item.in_flight = True
+            out.append(item)
+        if out:
+            shard.busy += len(out)
+            self._count_waiting(shard.tp, -len(out))
+        return out
+
+    def put_back(self, items: list[WorkItem]) -> None:
+        """Records of a chain that never started (of one lane, in order): back to the front
+        of their lane, ahead of anything waiting there (a failed record before them waits for
+        its retry and keeps the lane busy meanwhile)."""
+        for item in reversed(items):
+            item.in_flight = False
+            shard = self._shards.get(item.shard_key)
+            if shard is None:  # pragma: no cover - the controller puts back only live records
+                continue
+            shard.busy -= 1
+            shard.queue.appendleft(item)
+            self._count_waiting(item.tp, 1)
+            if shard.parked:
+                self._parked[shard.tp].remove(shard)
+                shard.scheduled = shard.parked = False
+            self._schedule(shard)
+
     def unpark(self, tp: TopicPartition) -> None:
         """The partition is no longer blocked: its parked shards compete again."""
         for shard in self._parked.pop(tp, ()):

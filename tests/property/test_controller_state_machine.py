@@ -107,6 +107,27 @@ class FakeRunner:
         return True
 
 
+class FakeChainRunner(FakeRunner):
+    """A runner that also takes chains (a lane's consecutive records, each started only once
+    the one before it succeeded); the machine plays their worker (``chain_step``)."""
+
+    def __init__(self, capacity: int, epoch_of: Callable[[tuple[str, int]], int | None]) -> None:
+        super().__init__(capacity, epoch_of)
+        #: Chains not reported yet: {"calls": calls not started (the first is the current
+        #: one), "results": results not reported yet}.
+        self.chains: list[dict[str, list[Any]]] = []
+        self.chains_handed_out = 0
+
+    def submit_chain(self, calls: list[tuple[int, PollContext]]) -> None:
+        self.chains_handed_out += 1
+        before = len(self.calls)
+        for batch, context in calls:
+            self.submit(batch, context)
+        chain_calls = self.calls[before:]
+        del self.calls[before:]
+        self.chains.append({"calls": chain_calls, "results": []})
+
+
 class FakeOutputs:
     """The library's producer, for dead letters: sends wait until a rule settles them."""
 
@@ -157,6 +178,10 @@ class ControllerMachine(RuleBasedStateMachine):
     processing_timeout: float | None = None
     #: Options.batch_size: 1 lets the controller hand out runs once calls are short.
     batch_size = 2
+    #: The runner takes chains, and calls start at a millisecond (batch_size 1 only).
+    chains = False
+    #: The runner takes runs (for very short calls) too.
+    runner_runs = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -175,7 +200,9 @@ class ControllerMachine(RuleBasedStateMachine):
             processing_timeout=self.processing_timeout,
         )
         ControllerMachine.current_ordering = self.ordering
-        self.runner = FakeRunner(self.options.max_concurrency, lambda tp: self.epoch.get(tp))
+        runner_class = FakeChainRunner if self.chains else FakeRunner
+        self.runner = runner_class(self.options.max_concurrency, lambda tp: self.epoch.get(tp))
+        self.runner.runs = self.runner_runs
         self.poller = FakePoller(self.options.buffer_limit)
         self.controller = Controller(
             self.options,
@@ -194,7 +221,10 @@ class ControllerMachine(RuleBasedStateMachine):
             produces=False,
             dead_letters=DeadLetters(self.options, "g"),
         )
-        if self.batch_size == 1:
+        if self.chains:
+            # Calls of a millisecond from the start: lanes go out in chains.
+            self.controller._observe_service(0.002)
+        elif self.batch_size == 1:
             # Calls measured short from the start: the controller hands out runs at once (a
             # slow completion, took=1.0, sends it back to the lanes, a fast one to runs).
             self.controller._observe_service(1e-6)
@@ -341,6 +371,41 @@ class ControllerMachine(RuleBasedStateMachine):
         self.controller.post(RunDone(run, run.done, error, self.clock.monotonic(), 1e-6))
         self.step()
 
+    @precondition(lambda self: getattr(self.runner, "chains", None))
+    @rule(
+        index=st.integers(min_value=0),
+        outcome=st.sampled_from(["ok", "ok", "fail", "poison"]),
+        early=st.booleans(),
+    )
+    def chain_step(self, index: int, outcome: str, early: bool) -> None:
+        """The worker of a chain ends its current call: ok (then the next starts, or the chain
+        reports), or failed (the chain reports, and its calls not started come back). With
+        ``early``, the stuck check reports the finished calls of a chain still running."""
+        chains = self.runner.chains  # type: ignore[attr-defined]
+        chain = chains[index % len(chains)]
+        batch, records = chain["calls"].pop(0)
+        ok = outcome == "ok"
+        if ok and not self.overrun(batch):
+            for tp, offset, _, epoch in records:
+                if self.epoch.get(tp) == epoch:
+                    self.done[tp].add(offset)
+        error = None if ok else KeyError("poison") if outcome == "poison" else RuntimeError("x")
+        chain["results"].append(
+            (batch, (error,) * len(records), None, self.clock.monotonic(), False)
+        )
+        unstarted: list[int] = []
+        if not ok:
+            unstarted = [b for b, _ in chain["calls"]]
+            chain["calls"] = []
+        if not chain["calls"]:
+            chains.remove(chain)
+            self.controller.post(WorkDoneMany(chain["results"], 0.002, unstarted))
+            self.step()
+        elif early:
+            results, chain["results"] = chain["results"], []
+            self.controller.post(WorkDoneMany(results, 0.002))
+            self.step()
+
     @precondition(lambda self: self.controller._runs.active)
     @rule(index=st.integers(min_value=0))
     def detach_run(self, index: int) -> None:
@@ -399,14 +464,16 @@ class ControllerMachine(RuleBasedStateMachine):
         )
         self.step()
 
-    @rule(slow=st.booleans())
-    def calls_turn(self, slow: bool) -> None:
+    @rule(speed=st.sampled_from(["slow", "fast", "millisecond"]))
+    def calls_turn(self, speed: str) -> None:
         """The handler's calls turn slow (the controller goes back to one call per hand-over
-        and to lanes) or fast (chunks and runs): reports over several of the controller's
-        windows, since the measure rises at most 1.6x per window."""
+        and to lanes), fast (chunks and runs) or to a millisecond (chains, if the runner takes
+        them): reports over several of the controller's windows, since the measure rises at
+        most 1.6x per window."""
+        took = {"slow": 1.0, "fast": 1e-6, "millisecond": 0.002}[speed]
         for _ in range(12):
             self.clock.advance(controller_module.STUCK_CHECK_EVERY)
-            self.controller._observe_service(1.0 if slow else 1e-6)
+            self.controller._observe_service(took)
         self.step()
 
     @rule(seconds=st.sampled_from([0.1, 0.5, 1.0, 2.0]))
@@ -423,6 +490,8 @@ class ControllerMachine(RuleBasedStateMachine):
         for _ in range(400):
             if self.runner.run_states:
                 self.run_call(0, "ok")
+            elif getattr(self.runner, "chains", None):
+                self.chain_step(0, "ok", False)
             elif self.runner.calls:
                 self.complete(0, "ok")
             elif self.outputs.sent:
@@ -435,6 +504,7 @@ class ControllerMachine(RuleBasedStateMachine):
             if (
                 not self.runner.calls
                 and not self.runner.run_states
+                and not getattr(self.runner, "chains", None)
                 and not self.outputs.sent
                 and stats.waiting == 0
                 and stats.retry_waiting == 0
@@ -487,6 +557,11 @@ class ControllerMachine(RuleBasedStateMachine):
                 held.add((*tp, message.key()) if self.ordering is ProcessingOrder.KEY else tp)
             for lane in held:
                 lanes[lane] = lanes.get(lane, 0) + 1
+        # A chain holds the lane of its calls not finished (one lane: they run in turn).
+        for chain in getattr(self.runner, "chains", ()):
+            held = {lane for _, records in chain["calls"] for _, _, lane, _ in records}
+            for lane in held:
+                lanes[lane] = lanes.get(lane, 0) + 1
         if self.ordering is not ProcessingOrder.UNORDERED:
             assert all(count == 1 for count in lanes.values()), lanes
 
@@ -498,7 +573,9 @@ class ControllerMachine(RuleBasedStateMachine):
         # one after another on that worker, never two at once.
         backlog = self.runner.backlog if self.processing_timeout is None else 0
         self.chunked = max(self.chunked, self.controller.chunk_size)
-        assert len(self.runner.calls) <= (self.runner.capacity + backlog) * self.chunked
+        # A chain takes one worker (or backlog slot), whatever its length.
+        chains = len(getattr(self.runner, "chains", ()))
+        assert len(self.runner.calls) + chains <= (self.runner.capacity + backlog) * self.chunked
         # A run takes one worker (or backlog slot).
         assert len(self.runner.run_states) <= self.runner.capacity + backlog
 
@@ -549,6 +626,25 @@ class UnorderedMachineWithRuns(ControllerMachine):
     batch_size = 1
 
 
+class KeyMachineWithChains(ControllerMachine):
+    ordering = ProcessingOrder.KEY
+    batch_size = 1
+    chains = True
+
+
+class KeyMachineWithChainsOnly(ControllerMachine):
+    ordering = ProcessingOrder.KEY
+    batch_size = 1
+    chains = True
+    runner_runs = False
+
+
+class PartitionMachineWithChains(ControllerMachine):
+    ordering = ProcessingOrder.PARTITION
+    batch_size = 1
+    chains = True
+
+
 _settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestKeyOrder = _settings(KeyMachine).TestCase
 TestPartitionOrder = _settings(PartitionMachine).TestCase
@@ -558,3 +654,6 @@ TestPartitionOrderWithDeadlines = _settings(PartitionMachineWithDeadlines).TestC
 TestKeyOrderWithRuns = _settings(KeyMachineWithRuns).TestCase
 TestPartitionOrderWithRuns = _settings(PartitionMachineWithRuns).TestCase
 TestUnorderedWithRuns = _settings(UnorderedMachineWithRuns).TestCase
+TestKeyOrderWithChains = _settings(KeyMachineWithChains).TestCase
+TestKeyOrderWithChainsOnly = _settings(KeyMachineWithChainsOnly).TestCase
+TestPartitionOrderWithChains = _settings(PartitionMachineWithChains).TestCase

@@ -210,6 +210,54 @@ class TestShardMap:
         shards.retry_now(a0)
         assert shards.take({}) is a0
 
+    def test_a_chain_takes_the_records_behind_the_head_and_holds_the_lane(self):
+        shards = ShardMap(ProcessingOrder.KEY)
+        a = [item(o, b"a") for o in (0, 2, 4, 6)]
+        b0 = item(1, b"b")
+        shards.add(TP, [a[0], b0, a[1], a[2], a[3]])
+        head = shards.take({})
+        assert head is a[0]
+        # up to `most` records behind it, of its lane only, in order
+        assert shards.take_following(head, 2, {}) == [a[1], a[2]]
+        assert shards.waiting == 2  # (b0 and a[3])
+        assert shards.take({}) is b0
+        assert shards.take({}) is None  # lane a is held by the chain
+        # finishing the head does not free the lane while the chain holds records of it
+        shards.finished(a[0])
+        assert shards.take({}) is None
+        shards.finished(a[1])
+        shards.finished(a[2])
+        assert shards.take({}) is a[3]
+
+    def test_a_chain_stops_at_a_blocked_partitions_limit(self):
+        shards = ShardMap(ProcessingOrder.PARTITION)
+        records = [item(o, None, ordering=ProcessingOrder.PARTITION) for o in range(5)]
+        shards.add(TP, records)
+        head = shards.take({})
+        assert shards.take_following(head, 10, {TP: 3}) == records[1:3]
+        assert shards.take_following(head, 10, {}) == records[3:]
+        assert ShardMap(ProcessingOrder.UNORDERED).take_following(head, 3, {}) == []
+
+    def test_records_put_back_go_behind_the_failed_one_in_lane_order(self):
+        # Given a chain a0, a1, a2 whose first call failed; a3 waits in the lane
+        shards = ShardMap(ProcessingOrder.KEY)
+        a = [item(o, b"a") for o in range(4)]
+        shards.add(TP, a)
+        head = shards.take({})
+        chain = shards.take_following(head, 2, {})
+        shards.retry_later(head)  # (the failed record waits for its retry)
+        # When the records it never started are put back
+        shards.put_back(chain)
+        # Then the lane waits for the retry, and then runs a0, a1, a2, a3 in order
+        assert shards.waiting == 3
+        assert shards.take({}) is None
+        shards.retry_now(head)
+        order = []
+        while (next_ := shards.take({})) is not None:
+            order.append(next_)
+            shards.finished(next_)
+        assert order == a
+
     def test_round_robin_across_shards(self):
         shards = ShardMap(ProcessingOrder.UNORDERED)
         tp1 = ("t", 1)

@@ -147,3 +147,120 @@ def test_no_call_of_a_chunk_starts_after_stop(runners: list[ThreadRunner]) -> No
     assert isinstance(event, WorkDoneMany)
     assert [call[0] for call in event.calls] == [1]
     assert events.empty()
+
+
+# -- chains: consecutive records of one lane, each only after the one before succeeded --------
+
+
+def test_a_chain_runs_its_calls_in_order_on_one_worker_and_reports_once(
+    runners: list[ThreadRunner],
+) -> None:
+    seen: list[tuple[int, str]] = []
+
+    def handle(ctx: PollContext) -> None:
+        seen.append((ctx.offset, threading.current_thread().name))
+
+    events = start(runners, handle)
+    runners[0].submit_chain([(i + 1, context(i)) for i in range(4)])
+    event = events.get(timeout=10)
+    assert isinstance(event, WorkDoneMany)
+    assert [call[0] for call in event.calls] == [1, 2, 3, 4]
+    assert not event.unstarted
+    assert [offset for offset, _ in seen] == [0, 1, 2, 3]
+    assert len({name for _, name in seen}) == 1
+
+
+@pytest.mark.parametrize("how", ["raises", "ctx.fail"])
+def test_a_chain_stops_at_a_failed_call_and_gives_the_rest_back_unstarted(
+    runners: list[ThreadRunner], how: str
+) -> None:
+    # Given a chain whose third call fails
+    seen: list[int] = []
+
+    def handle(ctx: PollContext) -> None:
+        seen.append(ctx.offset)
+        if ctx.offset == 2:
+            if how == "raises":
+                raise RuntimeError("boom")
+            ctx.fail(ctx.records[0], RuntimeError("boom"))
+
+    events = start(runners, handle)
+    runners[0].submit_chain([(i + 1, context(i)) for i in range(5)])
+    # Then the calls after it never start, and come back as unstarted
+    event = events.get(timeout=10)
+    assert isinstance(event, WorkDoneMany)
+    assert [call[0] for call in event.calls] == [1, 2, 3]
+    assert event.calls[2][1][0] is not None
+    assert list(event.unstarted) == [4, 5]
+    assert seen == [0, 1, 2]
+
+
+def test_a_cancelled_call_ends_a_chain_and_the_rest_comes_back(
+    runners: list[ThreadRunner],
+) -> None:
+    gate = threading.Event()
+    seen: list[int] = []
+
+    def handle(ctx: PollContext) -> None:
+        gate.wait(10)
+        seen.append(ctx.offset)
+
+    events = start(runners, handle, capacity=1)
+    runners[0].submit_chain([(i + 1, context(i)) for i in range(4)])
+    runners[0].cancel(2)  # (the engine gave up on it before it started)
+    gate.set()
+    event = events.get(timeout=10)
+    assert isinstance(event, WorkDoneMany)
+    assert [call[0] for call in event.calls] == [1, 2]
+    assert list(event.unstarted) == [3, 4]
+    assert seen == [0]
+
+
+def test_release_stuck_reports_a_chains_finished_calls_but_never_moves_the_rest(
+    runners: list[ThreadRunner],
+) -> None:
+    # Given a chain whose second call hangs, and an idle worker beside it
+    release = threading.Event()
+    seen: list[tuple[int, str]] = []
+
+    def handle(ctx: PollContext) -> None:
+        seen.append((ctx.offset, threading.current_thread().name))
+        if ctx.offset == 1:
+            release.wait(10)
+
+    events = start(runners, handle, capacity=2)
+    runner = runners[0]
+    runner.submit_chain([(i + 1, context(i)) for i in range(4)])
+    while len(seen) < 2:
+        threading.Event().wait(0.001)
+    # When the controller's stuck check runs
+    threading.Event().wait(0.03)
+    moved = runner.release_stuck(0.02)
+    # Then the finished call is reported, and nothing moved to the idle worker
+    assert moved == 0
+    early = events.get(timeout=10)
+    assert isinstance(early, WorkDoneMany)
+    assert [call[0] for call in early.calls] == [1]
+    threading.Event().wait(0.05)
+    assert [offset for offset, _ in seen] == [0, 1]
+    # And once the call returns, the rest runs after it on the same worker, in order
+    release.set()
+    rest = events.get(timeout=10)
+    assert isinstance(rest, WorkDoneMany)
+    assert [call[0] for call in rest.calls] == [2, 3, 4]
+    assert [offset for offset, _ in seen] == [0, 1, 2, 3]
+    assert len({name for _, name in seen}) == 1
+
+
+def test_queued_chain_calls_are_taken_back_on_close(runners: list[ThreadRunner]) -> None:
+    gate = threading.Event()
+
+    def handle(ctx: PollContext) -> None:
+        gate.wait(10)
+
+    start(runners, handle, capacity=1)
+    runner = runners[0]
+    runner.submit_chain([(1, context(0)), (2, context(1)), (3, context(2))])
+    threading.Event().wait(0.05)  # (the first call is running)
+    assert sorted(runner.cancel_queued()) == [2, 3]
+    gate.set()

@@ -1,0 +1,130 @@
+"""Chains: a lane's next records run on the worker of the record before them, for calls of
+about a millisecond (docs/performance.md#chains). The engine on the in-memory cluster with the
+real thread runner."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+
+from parallel_consumer import Options, PollContext, ProcessingOrder
+
+
+class Log:
+    """Per lane: the offsets whose calls succeeded, in the order they ran; lanes run twice at
+    once; calls per record."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.succeeded: dict[object, list[int]] = defaultdict(list)
+        self.calls: dict[tuple[object, int], int] = defaultdict(int)
+        self.active: dict[object, int] = defaultdict(int)
+        self.overlaps: list[object] = []
+
+    def enter(self, lane: object, offset: int) -> None:
+        with self.lock:
+            self.active[lane] += 1
+            self.calls[(lane, offset)] += 1
+            if self.active[lane] > 1:
+                self.overlaps.append(lane)
+
+    def leave(self, lane: object, offset: int, ok: bool) -> None:
+        with self.lock:
+            self.active[lane] -= 1
+            if ok:
+                self.succeeded[lane].append(offset)
+
+    def count(self) -> int:
+        with self.lock:
+            return sum(len(v) for v in self.succeeded.values())
+
+
+def produce(cluster, n: int, keys: int, partitions: int = 2) -> None:
+    cluster.create_topic("t", partitions)
+    with cluster._cond:
+        for i in range(n):
+            cluster.produce("t", b"%d" % i, key=b"k%d" % (i % keys), partition=i % partitions)
+
+
+def test_calls_of_a_millisecond_run_in_chains_and_keep_key_order_through_failures(
+    harness, cluster, wait_until
+):
+    # Given 1,500 records of 12 keys, calls of 1 ms, and a tenth of first attempts failing
+    produce(cluster, 1_500, keys=12)
+    log = Log()
+
+    def handle(ctx: PollContext) -> None:
+        lane = (ctx.partition, ctx.key)
+        log.enter(lane, ctx.offset)
+        time.sleep(0.001)
+        failed = ctx.attempts == 0 and ctx.offset % 10 == 3
+        log.leave(lane, ctx.offset, not failed)
+        if failed:
+            raise RuntimeError("transient")
+
+    pc = harness.make(Options(ordering=ProcessingOrder.KEY, max_concurrency=4, retry_delay=0))
+    pc.poll(handle)
+    wait_until(lambda: log.count() >= 1_500, timeout=60)
+    stats = pc.statistics()
+    pc.close()
+    # Then records ran in chains, every record succeeded once, in offset order per key, never
+    # two of one key at once, and the failed ones ran twice
+    assert stats.chains > 0
+    assert not log.overlaps
+    for lane, offsets in log.succeeded.items():
+        assert offsets == sorted(offsets), lane
+    assert sum(len(v) for v in log.succeeded.values()) == 1_500
+    assert {c for (_, o), c in log.calls.items() if o % 10 == 3} == {2}
+    assert {c for (_, o), c in log.calls.items() if o % 10 != 3} == {1}
+    assert stats.records_succeeded == 1_500
+
+
+def test_a_hung_call_in_a_chain_holds_only_its_key(harness, cluster, wait_until):
+    # Given one partition, 4 keys, calls of 1 ms, and one call that hangs after chains began
+    produce(cluster, 800, keys=4, partitions=1)
+    log = Log()
+    release = threading.Event()
+    hung = 401
+    hung_key = b"k%d" % (hung % 4)
+
+    def handle(ctx: PollContext) -> None:
+        lane = ctx.key
+        log.enter(lane, ctx.offset)
+        if ctx.offset == hung:
+            release.wait(60)
+        else:
+            time.sleep(0.001)
+        log.leave(lane, ctx.offset, True)
+
+    pc = harness.make(Options(ordering=ProcessingOrder.KEY, max_concurrency=4))
+    pc.poll(handle)
+    try:
+        # Then the other keys finish while it hangs, and its own key stops before it
+        wait_until(lambda: log.count() >= 600 + hung // 4, timeout=60)
+        time.sleep(0.05)
+        with log.lock:
+            assert all(o < hung for o in log.succeeded[hung_key])
+            others = sum(len(v) for k, v in log.succeeded.items() if k != hung_key)
+        assert others == 600
+    finally:
+        release.set()
+    wait_until(lambda: log.count() >= 800, timeout=30)
+    assert pc.statistics().chains > 0
+    pc.close()
+    assert not log.overlaps
+    for lane, offsets in log.succeeded.items():
+        assert offsets == sorted(offsets), lane
+
+
+def test_chains_are_not_used_with_poll_and_produce_or_unordered(harness, cluster, wait_until):
+    produce(cluster, 300, keys=3, partitions=1)
+
+    def handle(ctx: PollContext) -> None:
+        time.sleep(0.001)
+
+    pc = harness.make(Options(ordering=ProcessingOrder.UNORDERED, max_concurrency=4))
+    pc.poll(handle)
+    wait_until(lambda: pc.statistics().records_succeeded >= 300, timeout=30)
+    assert pc.statistics().chains == 0
+    pc.close()
