@@ -482,7 +482,8 @@ def test_a_hung_call_of_a_detached_run_holds_one_slot_of_the_call_limit():
     run.started = 1.0
     run.pending.popleft()
     controller._detach_run(run, drop=False)
-    assert run.adopted is not None and len(controller._in_flight) == 1
+    assert run.adopted is not None
+    assert len(controller._in_flight) == 1
     assert controller._runs.out  # (until the worker reports)
     # Then the hung call holds one slot: the other records fill the rest of the limit
     controller.chunk_size = 1  # (calls slow now: one by one)
