@@ -702,8 +702,10 @@ class Controller:
         hung call must hold one slot of the call limit, not two."""
         out = len(self._runs.out)
         if self._adopted:
+            # (an adopted call abandoned by the stall policy counts as an overrun instead)
             in_flight = self._in_flight
-            out -= sum(1 for batch_id in self._adopted if batch_id in in_flight)
+            overrun = self._deadlines.is_overrun
+            out -= sum(1 for b in self._adopted if b in in_flight or overrun(b))
         return out
 
     def _on_run_done(self, event: RunDone) -> None:
@@ -1070,11 +1072,19 @@ class Controller:
         """Calls of a chain that never started (a call before them failed): their records go
         back to the front of their lane, as if never taken."""
         items: list[WorkItem] = []
+        on_work_done = self._on_work_done
         for batch_id in batch_ids:
             self._chain_call_over(batch_id)
+            # (a call the stall policy gave up on before it started is over too)
+            self._deadlines.forget_overrun(batch_id)
+            self._deadlines.ended(batch_id)
             batch = self._in_flight.pop(batch_id)
-            if batch is None:  # pragma: no cover - taken back meanwhile (close)
+            if batch is None:  # taken back meanwhile (close, the stall policy)
                 continue
+            if on_work_done is not None:
+                # (every call handed out ends for the hooks, this one without running)
+                error = CallCancelled("not started: a record before it in its chain failed")
+                on_work_done(batch_id, (error,) * len(batch.items), 0.0)
             for item in batch.items:
                 state = self._partitions.get(item.tp)
                 if state is None or state.epoch != item.epoch:
@@ -1702,6 +1712,12 @@ class Controller:
         # process; a thread runs on (it holds a worker until it returns: see _call_limit).
         if call.id not in self._adopted:  # (a detached run's call is on a thread: it runs on)
             self._runner.cancel(call.id, error)
+        if call.id in self._chain_of:
+            # The records chained behind it must not wait for a call that may never return:
+            # they go back to their lane (which stays busy until this record is settled).
+            rest = self._runner.take_back_chain(call.id)  # type: ignore[attr-defined]
+            if rest:
+                self._put_back(rest)
         if batch.items:
             self._settle(batch, (error,) * len(batch.items), now)
 

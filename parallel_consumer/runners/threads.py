@@ -30,7 +30,7 @@ class _Chunk:
     what the owner has not started (or reported) while the owner is inside a call that hangs:
     each call is started, and each result reported, exactly once."""
 
-    __slots__ = ("calls", "chain", "results", "started")
+    __slots__ = ("calls", "chain", "current", "results", "started")
 
     def __init__(self, calls: list[Call], *, chain: bool = False) -> None:
         self.calls: deque[Call] = deque(calls)
@@ -39,6 +39,8 @@ class _Chunk:
         self.started = 0.0
         #: A chain: records of one lane, each to start only after the one before succeeded.
         self.chain = chain
+        #: The call the owner is in (0: none yet), for :meth:`ThreadRunner.take_back_chain`.
+        self.current = 0
 
     def take_results(self) -> list[CallResult]:
         return drain_left(self.results)
@@ -122,6 +124,15 @@ class ThreadRunner:
         self._active.add(chunk)
         self._tasks.put(chunk)
 
+    def take_back_chain(self, batch: int) -> list[int]:
+        """The calls not started of the chain whose worker is in call ``batch`` (which the
+        engine gave up on: it hangs): they will not run there. Returns their ids (empty if
+        ``batch`` is in no chain, or its chain has nothing left to start). Controller thread."""
+        for chunk in list(self._active):
+            if chunk.chain and chunk.current == batch:
+                return [taken for taken, _ in chunk.take_calls()]
+        return []
+
     @property
     def runs(self) -> bool:
         """Whether :meth:`submit_run` may be used: a run calls no per-call hook."""
@@ -147,12 +158,14 @@ class ThreadRunner:
             started = chunk.started
             if not started or now - started <= older_than:
                 continue
+            moved_here = 0
             if not chunk.chain:
                 for call in chunk.take_calls():
                     self._tasks.put(call)
-                    moved += 1
+                    moved_here += 1
+            moved += moved_here
             results = chunk.take_results()
-            if results or moved:
+            if results or moved_here:
                 # The mean time per call so far, the running one counted: it tells the
                 # controller that calls are no longer short.
                 service = (now - started) / (len(results) + 1)
@@ -247,6 +260,7 @@ class ThreadRunner:
                     batch, context = calls.popleft()
                 except IndexError:
                     break
+                chunk.current = batch
                 result = call(handler, batch, context)
                 if result is None:
                     stopped = True

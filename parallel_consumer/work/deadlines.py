@@ -82,6 +82,9 @@ class Deadlines:
         self._overruns.add(batch)
         return True
 
+    def is_overrun(self, batch: int) -> bool:
+        return batch in self._overruns
+
     def forget_overrun(self, batch: int) -> None:
         """The runner will never report ``batch`` (taken back before it started)."""
         self._overruns.discard(batch)

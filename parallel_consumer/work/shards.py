@@ -250,16 +250,21 @@ class ShardMap:
         return out
 
     def put_back(self, items: list[WorkItem]) -> None:
-        """Records of a chain that never started (of one lane, in order): back to the front
-        of their lane, ahead of anything waiting there (a failed record before them waits for
-        its retry and keeps the lane busy meanwhile)."""
+        """Records of a chain that never started (of one lane): back into their lane in
+        offset order, which puts them ahead of the records that were waiting behind them,
+        and behind a failed record of the chain whose retry is back already (its failure may
+        be reported before they come back: ``ThreadRunner.release_stuck``)."""
         for item in reversed(items):
             item.in_flight = False
             shard = self._shards.get(item.shard_key)
             if shard is None:  # pragma: no cover - the controller puts back only live records
                 continue
             shard.busy -= 1
-            shard.queue.appendleft(item)
+            queue = shard.queue
+            if not queue or item.offset < queue[0].offset:
+                queue.appendleft(item)
+            else:
+                queue.insert(bisect.bisect_left(queue, item.offset, key=_offset), item)
             self._count_waiting(item.tp, 1)
             if shard.parked:
                 self._parked[shard.tp].remove(shard)

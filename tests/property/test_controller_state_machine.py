@@ -83,12 +83,18 @@ class FakeRunner:
     def start(self, handler: Callable[[PollContext], object], done: Callable[..., None]) -> None:
         pass
 
-    def submit(self, batch: int, context: PollContext) -> None:
+    #: Called with each record handed out at the head of its lane (tp, offset, lane, epoch):
+    #: the machine checks that the lane's records before it are finished.
+    lane_head: Callable[[tuple[str, int], int, object, int | None], None] | None = None
+
+    def submit(self, batch: int, context: PollContext, *, head: bool = True) -> None:
         records = []
         for r in context:
             tp = (r.topic, r.partition)
             lane = (*tp, r.key) if ControllerMachine.current_ordering is ProcessingOrder.KEY else tp
             records.append((tp, r.offset, lane, self._epoch_of(tp)))
+            if head and self.lane_head is not None:
+                self.lane_head(*records[-1])
         self.calls.append((batch, records))
 
     def submit_chunk(self, calls: list[tuple[int, PollContext]]) -> None:
@@ -121,8 +127,13 @@ class FakeChainRunner(FakeRunner):
     def submit_chain(self, calls: list[tuple[int, PollContext]]) -> None:
         self.chains_handed_out += 1
         before = len(self.calls)
-        for batch, context in calls:
-            self.submit(batch, context)
+        for index, (batch, context) in enumerate(calls):
+            # (only the first is a lane's head; the others follow it in the lane, in order)
+            self.submit(batch, context, head=index == 0)
+        offsets = [records[0][1] for _, records in self.calls[before:]]
+        lanes = {records[0][2] for _, records in self.calls[before:]}
+        assert offsets == sorted(offsets), f"a chain out of order: {offsets}"
+        assert len(lanes) == 1, f"a chain of several lanes: {lanes}"
         chain_calls = self.calls[before:]
         del self.calls[before:]
         self.chains.append({"calls": chain_calls, "results": []})
@@ -203,6 +214,9 @@ class ControllerMachine(RuleBasedStateMachine):
         runner_class = FakeChainRunner if self.chains else FakeRunner
         self.runner = runner_class(self.options.max_concurrency, lambda tp: self.epoch.get(tp))
         self.runner.runs = self.runner_runs
+        self.runner.lane_head = self.check_lane_head
+        #: Per partition: where its current assignment started reading.
+        self.start: dict[tuple[str, int], int] = {}
         self.poller = FakePoller(self.options.buffer_limit)
         self.controller = Controller(
             self.options,
@@ -239,6 +253,25 @@ class ControllerMachine(RuleBasedStateMachine):
         self.committed: dict[tuple[str, int], tuple[int, str]] = {}
 
     # -- helpers --
+
+    def check_lane_head(
+        self, tp: tuple[str, int], offset: int, lane: object, epoch: int | None
+    ) -> None:
+        """A record handed out at the head of its lane: every record of its lane before it
+        (read in this assignment) has finished. Stale calls of an earlier assignment are not
+        checked (their lane may have moved on)."""
+        if self.ordering is ProcessingOrder.UNORDERED or epoch is None:
+            return
+        if self.epoch.get(tp) != epoch:
+            return
+        key_order = self.ordering is ProcessingOrder.KEY
+        log = self.log[tp]
+        done = self.done[tp]
+        for o in range(self.start[tp], offset):
+            if (not key_order or (*tp, log[o]) == lane) and o not in done:
+                raise AssertionError(
+                    f"{tp}@{offset} handed out while {o} of its lane is not finished"
+                )
 
     def step(self) -> None:
         self.controller.run_once(block=False)
@@ -397,7 +430,17 @@ class ControllerMachine(RuleBasedStateMachine):
         if not ok:
             unstarted = [b for b, _ in chain["calls"]]
             chain["calls"] = []
-        if not chain["calls"]:
+        if not chain["calls"] and unstarted and early:
+            # The stuck check took the failed result before the worker gave the rest back:
+            # two reports, the failure first (its retry may be back in the lane meanwhile).
+            chains.remove(chain)
+            self.controller.post(WorkDoneMany(chain["results"], 0.002))
+            self.step()
+            self.clock.advance(0.5)  # (the machine's retry_delay: the retry is due)
+            self.step()
+            self.controller.post(WorkDoneMany([], 0.002, unstarted))
+            self.step()
+        elif not chain["calls"]:
             chains.remove(chain)
             self.controller.post(WorkDoneMany(chain["results"], 0.002, unstarted))
             self.step()
@@ -459,6 +502,7 @@ class ControllerMachine(RuleBasedStateMachine):
         self.epoch[tp] = self.next_epoch
         offset, metadata = self.committed.get(tp, (None, None))
         self.position[tp] = 0 if offset is None else offset
+        self.start[tp] = self.position[tp]
         self.controller.post(
             PartitionsAssigned((Assignment(tp, self.next_epoch, offset, metadata),))
         )

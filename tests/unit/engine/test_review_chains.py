@@ -1,0 +1,328 @@
+"""Review of chains (stop 24): reproducers of what an adversarial review broke, kept as tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from parallel_consumer import Options, PollContext, ProcessingOrder
+from parallel_consumer import _controller as controller_module
+
+
+def _produce(cluster, start: int, n: int) -> None:
+    with cluster._cond:
+        for i in range(start, start + n):
+            cluster.produce("t", b"%d" % i, key=b"k", partition=0)
+
+
+@pytest.mark.parametrize("chains", [True, False])
+def test_stall_dead_letter_of_a_hung_chain_call_frees_its_lane(
+    harness, cluster, clock, wait_until, monkeypatch, chains
+):
+    monkeypatch.setattr(controller_module, "CHAINS", chains)
+    cluster.create_topic("t", 1)
+    release = threading.Event()
+    hung = threading.Event()
+    done: list[int] = []
+
+    def handle(ctx: PollContext) -> None:
+        if ctx.offset == 40 and ctx.attempts == 0:
+            hung.set()
+            release.wait(30)
+            return
+        time.sleep(0.001)
+        done.append(ctx.offset)
+
+    pc = harness.make(
+        Options(
+            ordering=ProcessingOrder.PARTITION,
+            max_concurrency=2,
+            stall_threshold=30,
+            on_stall="dead_letter",
+            commit_interval=1000,
+        ),
+        clock=clock,
+    )
+    pc.poll(handle)
+    try:
+        # Calls of a millisecond: the engine measures them
+        _produce(cluster, 0, 40)
+        wait_until(lambda: len(done) >= 40, timeout=20)
+        # Then 20 more records arrive together; offset 40 hangs
+        _produce(cluster, 40, 20)
+        wait_until(hung.is_set)
+        time.sleep(0.1)
+        # When the partition stalls: on_stall=DEAD_LETTER gives up on offset 40
+        clock.advance(30)
+        wait_until(lambda: len(cluster.records("t.dlq")) == 1)
+        time.sleep(0.5)
+        clock.advance(30)  # a second stall episode (now at offset 41) changes nothing
+        # Then the records behind it run (as they do without chains)
+        wait_until(
+            lambda: len(done) >= 59,
+            timeout=5,
+            what=f"records behind 40 (done={len(done)}, chains={pc.statistics().chains})",
+        )
+    finally:
+        release.set()
+        pc.close()
+
+
+class _Outputs:
+    transactional = False
+    backlog = False
+
+    def __init__(self) -> None:
+        self.sent: list[object] = []
+
+    def send(self, batch: int, outputs: list[object]) -> None:
+        self.sent.append((batch, outputs))
+
+    def pump(self) -> None:
+        pass
+
+    def close(self, *, abort: bool) -> None:
+        pass
+
+
+def test_a_stall_abandoned_call_of_a_detached_run_holds_one_slot():
+    """F3, through the stall policy: the adopted call of a detached run, abandoned by
+    on_stall=DEAD_LETTER, leaves the in-flight table and becomes an overrun; its run stays out
+    until the worker reports. It must still count once against the call limit."""
+    from confluent_kafka import Message
+    from doubles import StuckPoller
+    from test_runs import _RunTaker
+
+    from parallel_consumer._controller import Controller
+    from parallel_consumer._dead_letters import DeadLetters
+    from parallel_consumer._events import Assignment, PartitionsAssigned, RecordsPolled
+    from parallel_consumer.commit import ConsumerCommitter
+    from parallel_consumer.testing.clock import FakeClock
+
+    poller = StuckPoller()
+    runner = _RunTaker()
+    clock = FakeClock()
+    options = Options(
+        ordering=ProcessingOrder.KEY,
+        commit_interval=1000,
+        stall_threshold=30,
+        on_stall="dead_letter",
+        dead_letter_topic="dlq",
+    )
+    controller = Controller(
+        options,
+        runner=runner,
+        poller=poller,
+        committer=ConsumerCommitter(poller, options.commit_mode),
+        clock=clock,
+    )
+    controller.start(
+        lambda ctx: None,
+        thread=False,
+        outputs=_Outputs(),  # type: ignore[arg-type]
+        produces=False,
+        dead_letters=DeadLetters(options, "g"),
+    )
+    controller._observe_service(1e-6)
+    controller.post(PartitionsAssigned((Assignment(("t", 0), 1, None, None),)))
+    messages = [Message(topic="t", partition=0, offset=o, key=b"k%d" % o) for o in range(100)]
+    controller.post(RecordsPolled({("t", 0): (1, messages)}))
+    controller.run_once(block=False)
+    (run,) = [task for task in runner.taken if hasattr(task, "pending")]
+    run.started = 1.0
+    run.pending.popleft()  # its first call (offset 0) hangs
+    controller._detach_run(run, drop=False)
+    controller.chunk_size = 1
+    controller.run_once(block=False)
+    limit = runner.capacity + runner.backlog
+    assert len(controller._in_flight) + controller._workers_in_runs() == limit
+    # Every call but the hung one ends: the others complete
+    from parallel_consumer._events import WorkDone
+
+    hung = run.adopted[1]
+    for batch in list(controller._in_flight):
+        if batch.id != hung:
+            controller.post(WorkDone(batch.id, (None,), None, clock.monotonic()))
+    controller.run_once(block=False)
+    # When offset 0 holds t[0] for stall_threshold: it is abandoned and dead-lettered
+    clock.advance(31)
+    controller.run_once(block=False)
+    clock.advance(31)
+    controller.run_once(block=False)
+    assert controller._counters.partition_stalls >= 1
+    assert hung not in controller._in_flight
+    held = controller._workers_in_runs() + controller._deadlines.overruns
+    assert held == 1, f"the hung call holds {held} slots of the call limit"
+
+
+class _ChainTaker:
+    """A runner that takes chains and single calls and runs nothing (the test is the worker)."""
+
+    capacity = 4
+    backlog = 1
+    runs = False
+
+    def __init__(self) -> None:
+        self.chains: list[list[tuple[int, PollContext]]] = []
+        self.singles: list[tuple[int, PollContext]] = []
+
+    def start(self, handler: object, done: object) -> None:
+        pass
+
+    def submit(self, batch: int, context: PollContext) -> None:
+        self.singles.append((batch, context))
+
+    def submit_chunk(self, calls: object) -> None:
+        raise AssertionError("no chunks here")
+
+    def submit_chain(self, calls: list[tuple[int, PollContext]]) -> None:
+        self.chains.append(list(calls))
+
+    def release_stuck(self, after: float) -> int:
+        return 0
+
+    def cancel_queued(self) -> list[int]:
+        return []
+
+    def cancel(self, batch: int, error: BaseException | None = None) -> None:
+        pass
+
+    def stop(self, timeout: float) -> bool:
+        return True
+
+
+def test_a_failed_chain_call_reported_early_keeps_its_retry_ahead_of_the_unstarted():
+    """ThreadRunner.release_stuck may take a chain's failed result (and post it) before the
+    chain's owner posts the calls it did not start (WorkDoneMany.unstarted): two events. With
+    retry_delay=0 the failed record's retry is back at the front of its lane before the
+    unstarted records come back; put_back must not put them ahead of it."""
+    from confluent_kafka import Message
+    from doubles import StuckPoller
+
+    from parallel_consumer._controller import Controller
+    from parallel_consumer._events import (
+        Assignment,
+        PartitionsAssigned,
+        RecordsPolled,
+        WorkDoneMany,
+    )
+    from parallel_consumer.commit import ConsumerCommitter
+    from parallel_consumer.testing.clock import FakeClock
+
+    poller = StuckPoller()
+    runner = _ChainTaker()
+    clock = FakeClock()
+    options = Options(ordering=ProcessingOrder.PARTITION, retry_delay=0, commit_interval=1000)
+    controller = Controller(
+        options,
+        runner=runner,
+        poller=poller,
+        committer=ConsumerCommitter(poller, options.commit_mode),
+        clock=clock,
+    )
+    controller.start(lambda ctx: None, thread=False)
+    controller._observe_service(0.002)  # calls of 2 ms: chains of up to 10
+    tp = ("t", 0)
+    controller.post(PartitionsAssigned((Assignment(tp, 1, None, None),)))
+    messages = [Message(topic="t", partition=0, offset=o, key=b"k") for o in range(5)]
+    controller.post(RecordsPolled({tp: (1, messages)}))
+    controller.run_once(block=False)
+    [chain] = runner.chains
+    assert [ctx.offset for _, ctx in chain] == [0, 1, 2, 3, 4]
+    ids = [batch for batch, _ in chain]
+    now = clock.monotonic()
+    # The stuck check reports offsets 0 (ok) and 1 (failed) while the owner decides the rest
+    controller.post(
+        WorkDoneMany(
+            [(ids[0], (None,), None, now, False), (ids[1], (RuntimeError("x"),), None, now, False)],
+            0.002,
+        )
+    )
+    controller.run_once(block=False)
+    # Then the owner reports offsets 2..4 unstarted
+    controller.post(WorkDoneMany([], 0.002, ids[2:]))
+    controller.run_once(block=False)
+    dispatched = [ctx.offset for chain in runner.chains[1:] for _, ctx in chain]
+    dispatched += [ctx.offset for _, ctx in runner.singles]
+    assert dispatched[:1] == [1], f"lane order broken: dispatched {dispatched}"
+
+
+def test_every_dispatched_call_ends_in_on_work_done(harness, cluster, wait_until):
+    """hooks.md: on_dispatch = a call was handed to the runner, on_work_done = the call ended.
+    A chain's calls that come back unstarted got on_dispatch but never on_work_done."""
+    from parallel_consumer import NoHooks
+
+    class Pairs(NoHooks):
+        def __init__(self) -> None:
+            self.dispatched: set[int] = set()
+            self.ended: set[int] = set()
+
+        def on_dispatch(self, batch, context):
+            self.dispatched.add(batch)
+
+        def on_work_done(self, batch, errors, duration):
+            self.ended.add(batch)
+
+    cluster.create_topic("t", 1)
+    done: list[int] = []
+
+    def handle(ctx: PollContext) -> None:
+        time.sleep(0.001)
+        if ctx.offset % 25 == 24 and ctx.attempts == 0:
+            raise RuntimeError("transient")
+        done.append(ctx.offset)
+
+    hooks = Pairs()
+    pc = harness.make(
+        Options(ordering=ProcessingOrder.PARTITION, max_concurrency=2, retry_delay=0),
+        hooks=hooks,
+    )
+    pc.poll(handle)
+    _produce(cluster, 0, 200)
+    wait_until(lambda: len(done) >= 200, timeout=30)
+    stats = pc.statistics()
+    pc.close()
+    assert stats.chains > 0
+    assert hooks.dispatched - hooks.ended == set()
+
+
+def test_race_release_stuck_reports_the_failure_before_the_owner_puts_back(
+    harness, cluster, wait_until, monkeypatch
+):
+    """The real thread runner, with the owner preempted (a sleep) between appending a failed
+    chain call's result and taking the calls it will not start: the stuck check reports the
+    failure, its retry (retry_delay=0) goes to the front of the lane, then the unstarted calls
+    come back ahead of it."""
+    from parallel_consumer.runners import threads
+
+    original = threads._Chunk.take_calls
+
+    def slow_take_calls(self):
+        if self.chain and "worker" in threading.current_thread().name and self.results:
+            time.sleep(0.05)  # preempted right here
+        return original(self)
+
+    monkeypatch.setattr(threads._Chunk, "take_calls", slow_take_calls)
+    cluster.create_topic("t", 1)
+    order: list[int] = []
+    lock = threading.Lock()
+
+    def handle(ctx: PollContext) -> None:
+        time.sleep(0.002)
+        fail = ctx.offset == 60 and ctx.attempts == 0
+        if fail:
+            time.sleep(0.03)  # the chain is past STUCK_AFTER when it fails
+            raise RuntimeError("transient")
+        with lock:
+            order.append(ctx.offset)
+
+    pc = harness.make(Options(ordering=ProcessingOrder.PARTITION, max_concurrency=2, retry_delay=0))
+    pc.poll(handle)
+    _produce(cluster, 0, 50)
+    wait_until(lambda: len(order) >= 50, timeout=30)
+    _produce(cluster, 50, 30)
+    wait_until(lambda: len(order) >= 80, timeout=30)
+    pc.close()
+    assert order == sorted(order), [o for o in order if o >= 55][:12]
