@@ -14,6 +14,12 @@ The contract every runner keeps:
   the controller retries the records and none is lost);
 - a call taken back by :meth:`Runner.cancel_queued` or dropped by :meth:`Runner.stop` before it
   started never starts and never reports.
+
+Optional capabilities, which the controller looks for by name and uses only if present (the
+thread runner has them all; see docs/performance.md): ``submit_chunk`` and ``release_stuck``
+(adaptive dispatch), ``submit_run`` with ``runs`` (runs of very short calls), and
+``submit_chain`` with ``take_back_chain`` (chains: a lane's next records on the worker of the
+record before them, whose calls not started come back in ``WorkDoneMany.unstarted``).
 """
 
 from __future__ import annotations
