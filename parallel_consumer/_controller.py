@@ -329,6 +329,7 @@ class Controller:
             CHAINS
             and self._chunks
             and callable(getattr(self._runner, "submit_chain", None))
+            and callable(getattr(self._runner, "take_back_chain", None))
             and self._options.ordering is not ProcessingOrder.UNORDERED
             and self._options.batch_size == 1
             and not self._produces

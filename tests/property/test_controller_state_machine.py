@@ -138,6 +138,16 @@ class FakeChainRunner(FakeRunner):
         del self.calls[before:]
         self.chains.append({"calls": chain_calls, "results": []})
 
+    def take_back_chain(self, batch: int) -> list[int]:
+        """The engine gave up on call ``batch``, the current call of a chain: the calls behind
+        it will not start."""
+        for chain in self.chains:
+            if chain["calls"] and chain["calls"][0][0] == batch:
+                rest = [b for b, _ in chain["calls"][1:]]
+                del chain["calls"][1:]
+                return rest
+        return []
+
 
 class FakeOutputs:
     """The library's producer, for dead letters: sends wait until a rule settles them."""
