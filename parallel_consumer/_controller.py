@@ -1084,7 +1084,7 @@ class Controller:
                 continue
             if on_work_done is not None:
                 # (every call handed out ends for the hooks, this one without running)
-                error = CallCancelled("not started: a record before it in its chain failed")
+                error = CallCancelled("not started: a call before it in its chain failed or hung")
                 on_work_done(batch_id, (error,) * len(batch.items), 0.0)
             for item in batch.items:
                 state = self._partitions.get(item.tp)
