@@ -208,6 +208,8 @@ class Controller:
         self._chains_out: dict[int, int] = {}
         self._chain_of: dict[int, tuple[int, TopicPartition]] = {}
         self._chained = 0
+        #: Per chain: when its last reported call ended (the next one began then).
+        self._chain_ends: dict[int, float] = {}
         #: Per partition: calls of chains in flight (its backlog too, for pausing).
         self._chained_by_tp: dict[TopicPartition, int] = {}
         self._chains = False
@@ -1115,6 +1117,7 @@ class Controller:
             self._chained -= 1
         else:
             del self._chains_out[chain]
+            self._chain_ends.pop(chain, None)
 
     def _observe_service(self, took: float) -> None:
         """Adaptive dispatch: follow the time per call (:class:`ServiceTime`); calls much
@@ -1143,7 +1146,16 @@ class Controller:
         chain_of = self._chain_of
         for batch_id, errors, value, finished_at, partial in event.calls:
             if chain_of:
-                self._chain_call_over(batch_id)
+                of = chain_of.get(batch_id)
+                if of is not None:
+                    # A chain's call began when the one before it ended, not at the hand-out:
+                    # metrics and hooks time the call itself (slow_after, processing time).
+                    ends = self._chain_ends
+                    before = ends.get(of[0])
+                    if before is not None:
+                        self._in_flight.began(batch_id, before)
+                    ends[of[0]] = finished_at
+                    self._chain_call_over(batch_id)
             work_done(batch_id, errors, value, finished_at, partial)
         if event.unstarted:
             # (after the failed call's outcome: its record waits for its retry at the front

@@ -64,6 +64,13 @@ class InFlight:
             self.records -= len(batch.items)
         return batch
 
+    def began(self, batch_id: int, at: float) -> None:
+        """Call ``batch_id`` began at ``at``, after it was handed out (it waited behind the
+        calls before it in a chain): its duration counts from then."""
+        batch = self._batches.get(batch_id)
+        if batch is not None and at > batch.started_at:
+            batch.started_at = at
+
     def __iter__(self) -> Iterator[Batch]:
         return iter(self._batches.values())
 

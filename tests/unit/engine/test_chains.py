@@ -8,6 +8,8 @@ import threading
 import time
 from collections import defaultdict
 
+import pytest
+
 from parallel_consumer import Options, PollContext, ProcessingOrder
 
 
@@ -128,3 +130,106 @@ def test_chains_are_not_used_with_poll_and_produce_or_unordered(harness, cluster
     wait_until(lambda: pc.statistics().records_succeeded >= 300, timeout=30)
     assert pc.statistics().chains == 0
     pc.close()
+
+
+class _ChainTaker:
+    """A runner that takes chains and runs nothing (the test reports for it)."""
+
+    capacity = 4
+    backlog = 1
+    runs = False
+
+    def __init__(self) -> None:
+        self.chains: list[list[tuple[int, PollContext]]] = []
+
+    def start(self, handler: object, done: object) -> None:
+        pass
+
+    def submit(self, batch: int, context: PollContext) -> None:
+        raise AssertionError("only chains here")
+
+    def submit_chunk(self, calls: object) -> None:
+        raise AssertionError("only chains here")
+
+    def submit_chain(self, calls: list[tuple[int, PollContext]]) -> None:
+        self.chains.append(list(calls))
+
+    def take_back_chain(self, batch: int) -> list[int]:
+        return []
+
+    def release_stuck(self, after: float) -> int:
+        return 0
+
+    def cancel_queued(self) -> list[int]:
+        return []
+
+    def cancel(self, batch: int, error: BaseException | None = None) -> None:
+        pass
+
+    def stop(self, timeout: float) -> bool:
+        return True
+
+
+def test_a_chained_call_is_timed_from_the_end_of_the_call_before_it():
+    """Metrics (slow_after, processing time) and on_work_done time a call, not its wait behind
+    the calls before it in its chain: a fast record after a slow one is not slow."""
+    from confluent_kafka import Message
+    from doubles import StuckPoller
+
+    from parallel_consumer import NoHooks
+    from parallel_consumer._controller import Controller
+    from parallel_consumer._events import (
+        Assignment,
+        PartitionsAssigned,
+        RecordsPolled,
+        WorkDoneMany,
+    )
+    from parallel_consumer.commit import ConsumerCommitter
+    from parallel_consumer.testing.clock import FakeClock
+
+    class Durations(NoHooks):
+        def __init__(self) -> None:
+            self.seen: dict[int, float] = {}
+
+        def on_work_done(self, batch, errors, duration):
+            self.seen[batch] = duration
+
+    poller = StuckPoller()
+    runner = _ChainTaker()
+    clock = FakeClock()
+    hooks = Durations()
+    options = Options(ordering=ProcessingOrder.PARTITION, commit_interval=1000)
+    controller = Controller(
+        options,
+        runner=runner,
+        poller=poller,
+        committer=ConsumerCommitter(poller, options.commit_mode),
+        clock=clock,
+        hooks=hooks,
+    )
+    controller.start(lambda ctx: None, thread=False)
+    controller._observe_service(0.002)  # calls of 2 ms: chains
+    tp = ("t", 0)
+    controller.post(PartitionsAssigned((Assignment(tp, 1, None, None),)))
+    messages = [Message(topic="t", partition=0, offset=o, key=b"k") for o in range(3)]
+    controller.post(RecordsPolled({tp: (1, messages)}))
+    controller.run_once(block=False)
+    [chain] = runner.chains
+    ids = [batch for batch, _ in chain]
+    start = clock.monotonic()
+    # The first call takes 5 s, the next two 1 ms each; the first two are reported early
+    controller.post(
+        WorkDoneMany(
+            [
+                (ids[0], (None,), None, start + 5.0, False),
+                (ids[1], (None,), None, start + 5.001, False),
+            ],
+            0.002,
+        )
+    )
+    controller.run_once(block=False)
+    controller.post(WorkDoneMany([(ids[2], (None,), None, start + 5.002, False)], 0.002))
+    controller.run_once(block=False)
+    assert hooks.seen[ids[0]] == pytest.approx(5.0)
+    assert hooks.seen[ids[1]] == pytest.approx(0.001)
+    assert hooks.seen[ids[2]] == pytest.approx(0.001)
