@@ -77,6 +77,7 @@ from parallel_consumer.retry import RetryQueue
 from parallel_consumer.runners.base import CallCancelled, Handler, Runner
 from parallel_consumer.status import Lifecycle, PollerStatistics, Statistics, assemble_statistics
 from parallel_consumer.work.backpressure import Pauses
+from parallel_consumer.work.chains import Chains
 from parallel_consumer.work.commits import CommitAnswer, CommitTracker, OffsetCommit
 from parallel_consumer.work.counters import Counters
 from parallel_consumer.work.credit import credit_chunk
@@ -201,18 +202,10 @@ class Controller:
         self._runs_on = False
         #: Calls of detached runs, now single calls in the in-flight table: batch id -> run.
         self._adopted: dict[int, Run] = {}
-        #: Chains (CHAINS) out: per chain (the id of its first call), its calls in flight; per
-        #: call of a chain, its chain. A chain holds one worker however many of its calls are
-        #: in flight: the call limit counts ``_chained`` (calls in flight beyond the first of
-        #: each chain) out of the in-flight table.
-        self._chains_out: dict[int, int] = {}
-        self._chain_of: dict[int, tuple[int, TopicPartition]] = {}
-        self._chained = 0
-        #: Per chain: when its last reported call ended (the next one began then).
-        self._chain_ends: dict[int, float] = {}
-        #: Per partition: calls of chains in flight (its backlog too, for pausing).
-        self._chained_by_tp: dict[TopicPartition, int] = {}
-        self._chains = False
+        #: Chains out (CHAINS). A chain holds one worker however many of its calls are in
+        #: flight: the call limit counts ``_chains.extra`` out of the in-flight table.
+        self._chains = Chains()
+        self._chains_on = False
         #: on_stall=DEAD_LETTER: records whose young call was given its chance once already.
         self._stall_chances: set[tuple[TopicPartition, int]] = set()
         self._inbox: queue.SimpleQueue[ControllerEvent] = queue.SimpleQueue()
@@ -327,7 +320,7 @@ class Controller:
         # Chains hand a lane's next records to the worker of the one before; outputs must be
         # acknowledged before a lane's next record runs (a failed output retries its record),
         # so not with poll_and_produce, nor in batches.
-        self._chains = (
+        self._chains_on = (
             CHAINS
             and self._chunks
             and callable(getattr(self._runner, "submit_chain", None))
@@ -972,7 +965,7 @@ class Controller:
         blocked = self._commits.blocked
         in_flight = self._in_flight
         chunk = self.chunk_size
-        capacity = (self._call_limit() - runs_out) * chunk + self._chained
+        capacity = (self._call_limit() - runs_out) * chunk + self._chains.extra
         batch_size = self._options.batch_size
         submit = self._runner.submit
         on_dispatch = self._on_dispatch
@@ -980,7 +973,7 @@ class Controller:
         # Chains: calls not short enough for chunks, and not so long that one lane's next
         # records run later on a busy worker than they would on another (CHAIN_SECONDS).
         chain = 1
-        if self._chains and chunk == 1:
+        if self._chains_on and chunk == 1:
             service = self._service_time.value
             if service:
                 chain = max(1, min(CHAIN_MOST, int(CHAIN_SECONDS / service)))
@@ -997,15 +990,10 @@ class Controller:
                         item.message, item.attempts, item.last_failure, item.last_failure_at
                     )
                 )
-                if chain > 1:
-                    after = self._shards.take_following(item, chain - 1, blocked)
-                    if after:
-                        if on_dispatch is not None:
-                            on_dispatch(batch.id, context)
-                        capacity += len(after)
-                        self._submit_chain(batch.id, context, after, now)
-                        continue
+                # (chains: the records waiting behind it in its lane may follow it)
+                after = self._shards.take_following(item, chain - 1, blocked) if chain > 1 else ()
             else:
+                after = ()
                 items: list[WorkItem] = []
                 while len(items) < batch_size:
                     item = take(blocked)
@@ -1030,7 +1018,11 @@ class Controller:
             if on_dispatch is not None:
                 on_dispatch(batch.id, context)
             if chunk == 1:
-                submit(batch.id, context)
+                if after:
+                    capacity += len(after)
+                    self._submit_chain(batch.id, context, after, now)
+                else:
+                    submit(batch.id, context)
                 continue
             calls.append((batch.id, context))
             if len(calls) >= chunk:
@@ -1045,16 +1037,13 @@ class Controller:
                 self._chunks_out = True
 
     def _submit_chain(
-        self, first: int, context: PollContext, after: list[WorkItem], now: float
+        self, first: int, context: PollContext, after: Sequence[WorkItem], now: float
     ) -> None:
         """Hand call ``first`` and the records ``after`` it in its lane to one worker as a
         chain: each record a call of its own in the in-flight table, started only once the
         one before it succeeded."""
         calls = [(first, context)]
         on_dispatch = self._on_dispatch
-        chain_of = self._chain_of
-        tp = after[0].tp
-        chain_of[first] = (first, tp)
         for item in after:
             batch = self._in_flight.add((item,), now)
             follower = PollContext.of_one(
@@ -1062,11 +1051,8 @@ class Controller:
             )
             if on_dispatch is not None:
                 on_dispatch(batch.id, follower)
-            chain_of[batch.id] = (first, tp)
             calls.append((batch.id, follower))
-        self._chains_out[first] = len(calls)
-        self._chained_by_tp[tp] = self._chained_by_tp.get(tp, 0) + len(calls)
-        self._chained += len(after)
+        self._chains.start([call for call, _ in calls], after[0].tp)
         self._counters.chains += 1
         self._runner.submit_chain(calls)  # type: ignore[attr-defined]
         self._chunks_out = True
@@ -1077,11 +1063,7 @@ class Controller:
         items: list[WorkItem] = []
         on_work_done = self._on_work_done
         for batch_id in batch_ids:
-            self._chain_call_over(batch_id)
-            # (a call the stall policy gave up on before it started is over too)
-            self._deadlines.forget_overrun(batch_id)
-            self._deadlines.ended(batch_id)
-            batch = self._in_flight.pop(batch_id)
+            batch = self._take_back(batch_id)
             if batch is None:  # taken back meanwhile (close, the stall policy)
                 continue
             if on_work_done is not None:
@@ -1100,24 +1082,14 @@ class Controller:
         if items:
             self._shards.put_back(items)
 
-    def _chain_call_over(self, batch_id: int) -> None:
-        """Call ``batch_id`` of a chain left the chain (it ended, or came back unstarted)."""
-        of = self._chain_of.pop(batch_id, None)
-        if of is None:
-            return
-        chain, tp = of
-        by_tp = self._chained_by_tp[tp] - 1
-        if by_tp:
-            self._chained_by_tp[tp] = by_tp
-        else:
-            del self._chained_by_tp[tp]
-        left = self._chains_out[chain] - 1
-        if left:
-            self._chains_out[chain] = left
-            self._chained -= 1
-        else:
-            del self._chains_out[chain]
-            self._chain_ends.pop(chain, None)
+    def _take_back(self, batch_id: int) -> Batch | None:
+        """A call the runner gave back before it started (close, or a chain's call behind a
+        failed or hung one): it is over, and never reports. Its batch, if still in flight."""
+        self._chains.over(batch_id)
+        # (a call the stall policy gave up on before it started is over too)
+        self._deadlines.forget_overrun(batch_id)
+        self._deadlines.ended(batch_id)
+        return self._in_flight.pop(batch_id)
 
     def _observe_service(self, took: float) -> None:
         """Adaptive dispatch: follow the time per call (:class:`ServiceTime`); calls much
@@ -1143,19 +1115,14 @@ class Controller:
         if event.service:  # (0.0: not measured, as for the asyncio runner's reports)
             self._observe_service(event.service)
         work_done = self._work_done
-        chain_of = self._chain_of
+        chains = self._chains
         for batch_id, errors, value, finished_at, partial in event.calls:
-            if chain_of:
-                of = chain_of.get(batch_id)
-                if of is not None:
-                    # A chain's call began when the one before it ended, not at the hand-out:
-                    # metrics and hooks time the call itself (slow_after, processing time).
-                    ends = self._chain_ends
-                    before = ends.get(of[0])
-                    if before is not None:
-                        self._in_flight.began(batch_id, before)
-                    ends[of[0]] = finished_at
-                    self._chain_call_over(batch_id)
+            if chains:
+                # A chain's call began when the one before it ended, not at the hand-out:
+                # metrics and hooks time the call itself (slow_after, processing time).
+                began = chains.ended(batch_id, finished_at)
+                if began is not None:
+                    self._in_flight.began(batch_id, began)
             work_done(batch_id, errors, value, finished_at, partial)
         if event.unstarted:
             # (after the failed call's outcome: its record waits for its retry at the front
@@ -1627,22 +1594,21 @@ class Controller:
         (Records queued for runs wait for their partition's run by design: one run of a
         partition at a time is what keeps its order, and it is no sign of crowding.)"""
         return (
-            len(self._in_flight) - self._chained + self._workers_in_runs() < self._call_limit()
+            len(self._in_flight) - self._chains.extra + self._workers_in_runs() < self._call_limit()
             and self._shards.waiting > self._runs.queued_records()
             and not self._shards.has_ready()
         )
 
     def _update_pauses(self, now: float) -> None:
         backlog = self._shards.waiting_by_tp
-        if self._runs.active:
-            # A run's records not settled are the partition's backlog too.
+        chained = self._chains.by_tp
+        if self._runs.active or chained:
+            # A run's records not settled, and the records of its chains in flight, are the
+            # partition's backlog too.
             backlog = dict(backlog)
             for tp, run in self._runs.active.items():
                 backlog[tp] = backlog.get(tp, 0) + len(run) - run.settled
-        if self._chained_by_tp:
-            # And so are the records of its chains in flight.
-            backlog = dict(backlog)
-            for tp, count in self._chained_by_tp.items():
+            for tp, count in chained.items():
                 backlog[tp] = backlog.get(tp, 0) + count
         wanted = self._pauses.update(
             now,
@@ -1725,7 +1691,7 @@ class Controller:
         # process; a thread runs on (it holds a worker until it returns: see _call_limit).
         if call.id not in self._adopted:  # (a detached run's call is on a thread: it runs on)
             self._runner.cancel(call.id, error)
-        if call.id in self._chain_of:
+        if call.id in self._chains:
             # The records chained behind it must not wait for a call that may never return:
             # they go back to their lane (which stays busy until this record is settled).
             rest = self._runner.take_back_chain(call.id)  # type: ignore[attr-defined]
@@ -1943,10 +1909,7 @@ class Controller:
             if queued is not None:
                 self._to_release += len(queued[1])
         for batch_id in self._runner.cancel_queued():
-            self._chain_call_over(batch_id)
-            self._deadlines.forget_overrun(batch_id)
-            self._deadlines.ended(batch_id)
-            batch = self._in_flight.pop(batch_id)
+            batch = self._take_back(batch_id)
             if batch is not None:
                 self._to_release += len(batch.items)
 

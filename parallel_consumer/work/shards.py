@@ -254,22 +254,9 @@ class ShardMap:
         offset order, which puts them ahead of the records that were waiting behind them,
         and behind a failed record of the chain whose retry is back already (its failure may
         be reported before they come back: ``ThreadRunner.release_stuck``)."""
-        for item in reversed(items):
+        for item in items:
             item.in_flight = False
-            shard = self._shards.get(item.shard_key)
-            if shard is None:  # pragma: no cover - the controller puts back only live records
-                continue
-            shard.busy -= 1
-            queue = shard.queue
-            if not queue or item.offset < queue[0].offset:
-                queue.appendleft(item)
-            else:
-                queue.insert(bisect.bisect_left(queue, item.offset, key=_offset), item)
-            self._count_waiting(item.tp, 1)
-            if shard.parked:
-                self._parked[shard.tp].remove(shard)
-                shard.scheduled = shard.parked = False
-            self._schedule(shard)
+            self._reinsert(item)
 
     def unpark(self, tp: TopicPartition) -> None:
         """The partition is no longer blocked: its parked shards compete again."""
@@ -300,19 +287,23 @@ class ShardMap:
     def retry_now(self, item: WorkItem) -> None:
         """``item``'s retry delay has passed: it goes back to its shard, in offset order (for
         KEY and PARTITION that is the front)."""
+        self._reinsert(item)
+
+    def _reinsert(self, item: WorkItem) -> None:
+        """``item``, taken from its shard (and counted busy there), goes back into it in offset
+        order. (UNORDERED: records after it may have run meanwhile and other retries gone to the
+        front; KEY and PARTITION: a chain's records may come back after the retry of the failed
+        record before them. Either way the head stays the lowest offset, which is what take()
+        judges a blocked partition's shard by.)"""
         shard = self._shards.get(item.shard_key)
         if shard is None:
             return
         shard.busy -= 1
         queue = shard.queue
-        if self._ordered or not queue or item.offset < queue[0].offset:
+        if not queue or item.offset < queue[0].offset:
             queue.appendleft(item)
         else:
-            # UNORDERED: records after it may have run meanwhile and other retries gone to the
-            # front; keeping the queue in offset order keeps its head the lowest offset, which
-            # is what take() judges a blocked partition's shard by.
-            index = bisect.bisect_left(queue, item.offset, key=_offset)
-            queue.insert(index, item)
+            queue.insert(bisect.bisect_left(queue, item.offset, key=_offset), item)
         self._count_waiting(item.tp, 1)
         if shard.parked:
             # Its new head may be a hole below the limit: let take() judge it again.

@@ -370,3 +370,20 @@ class TestBackpressure:
         assert partition_cap(10_000, 4, 500) == 2500
         assert partition_cap(10_000, 100, 500) == 500
         assert partition_cap(300, 100, 500) == 300
+
+
+class TestChains:
+    def test_a_chain_holds_one_worker_and_its_partitions_backlog_until_its_calls_are_over(self):
+        from parallel_consumer.work.chains import Chains
+
+        chains = Chains()
+        chains.start([7, 8, 9], TP)
+        assert (chains.extra, chains.by_tp, 8 in chains) == (2, {TP: 3}, True)
+        # The first call ends at 1.0: it began at the hand-out (None); the next began at 1.0
+        assert chains.ended(7, 1.0) is None
+        assert chains.ended(8, 1.5) == 1.0
+        assert (chains.extra, chains.by_tp) == (0, {TP: 1})
+        # The last one comes back unstarted: nothing of the chain is left
+        chains.over(9)
+        assert (chains.extra, chains.by_tp, bool(chains)) == (0, {}, False)
+        assert chains.ended(9, 2.0) is None  # (no longer a chain's call)
