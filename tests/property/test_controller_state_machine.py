@@ -307,6 +307,18 @@ class ControllerMachine(RuleBasedStateMachine):
                 kept.append(command)
         self.poller.commands = kept
 
+    def call_ended(self, batch: int, records: list[Any], outcome: str) -> BaseException | None:
+        """Call ``batch`` ended with ``outcome`` ("ok", "fail" or "poison"): note its records
+        done if it succeeded (a late result, of a call past its deadline, counts for nothing,
+        whatever it says); returns the call's error."""
+        if outcome == "ok":
+            if not self.overrun(batch):
+                for tp, offset, _, epoch in records:
+                    if self.epoch.get(tp) == epoch:
+                        self.done[tp].add(offset)
+            return None
+        return KeyError("poison") if outcome == "poison" else RuntimeError("x")
+
     def overrun(self, batch: int) -> bool:
         """The call ran past its deadline: its records went on without it."""
         return batch in self.controller._deadlines._overruns
@@ -352,13 +364,7 @@ class ControllerMachine(RuleBasedStateMachine):
     )
     def complete(self, index: int, outcome: str, took: float = 0.0) -> None:
         batch, records = self.runner.calls.pop(index % len(self.runner.calls))
-        ok = outcome == "ok"
-        # A late result (the call ran past its deadline) must not count, whatever it says.
-        if ok and not self.overrun(batch):
-            for tp, offset, _, epoch in records:
-                if self.epoch.get(tp) == epoch:
-                    self.done[tp].add(offset)
-        error = None if ok else KeyError("poison") if outcome == "poison" else RuntimeError("x")
+        error = self.call_ended(batch, records, outcome)
         now = self.clock.monotonic()
         self.controller.post(WorkDone(batch, (error,) * len(records), None, now, took=took))
         self.step()
@@ -427,12 +433,8 @@ class ControllerMachine(RuleBasedStateMachine):
         chains = self.runner.chains  # type: ignore[attr-defined]
         chain = chains[index % len(chains)]
         batch, records = chain["calls"].pop(0)
-        ok = outcome == "ok"
-        if ok and not self.overrun(batch):
-            for tp, offset, _, epoch in records:
-                if self.epoch.get(tp) == epoch:
-                    self.done[tp].add(offset)
-        error = None if ok else KeyError("poison") if outcome == "poison" else RuntimeError("x")
+        error = self.call_ended(batch, records, outcome)
+        ok = error is None
         chain["results"].append(
             (batch, (error,) * len(records), None, self.clock.monotonic(), False)
         )

@@ -50,19 +50,100 @@ class IdleRunner:
         return True
 
 
-def stepped_controller(clock: FakeClock, hooks: Any = None) -> Controller:
+class RunTaker:
+    """A runner that takes runs and chunks and runs nothing (the test plays the worker)."""
+
+    capacity = 8
+    backlog = 8
+    runs = True
+
+    def __init__(self) -> None:
+        self.taken: list[object] = []
+
+    def start(self, handler: object, done: object) -> None:
+        pass
+
+    def submit(self, batch: int, context: PollContext) -> None:
+        self.taken.append(context)
+
+    def submit_chunk(self, calls: object) -> None:
+        self.taken.append(calls)
+
+    def submit_run(self, run: object) -> None:
+        self.taken.append(run)
+
+    def release_stuck(self, after: float) -> int:
+        return 0
+
+    def cancel_queued(self) -> list[int]:
+        return []
+
+    def stop(self, timeout: float) -> bool:
+        return True
+
+
+class ChainTaker:
+    """A runner that takes chains (and single calls) and runs nothing (the test reports for
+    it)."""
+
+    capacity = 4
+    backlog = 1
+    runs = False
+
+    def __init__(self) -> None:
+        self.chains: list[list[tuple[int, PollContext]]] = []
+        self.singles: list[tuple[int, PollContext]] = []
+
+    def start(self, handler: object, done: object) -> None:
+        pass
+
+    def submit(self, batch: int, context: PollContext) -> None:
+        self.singles.append((batch, context))
+
+    def submit_chunk(self, calls: object) -> None:
+        raise AssertionError("no chunks here")
+
+    def submit_chain(self, calls: list[tuple[int, PollContext]]) -> None:
+        self.chains.append(list(calls))
+
+    def take_back_chain(self, batch: int) -> list[int]:
+        return []
+
+    def release_stuck(self, after: float) -> int:
+        return 0
+
+    def cancel_queued(self) -> list[int]:
+        return []
+
+    def cancel(self, batch: int, error: BaseException | None = None) -> None:
+        pass
+
+    def stop(self, timeout: float) -> bool:
+        return True
+
+
+def stepped_controller(
+    clock: FakeClock,
+    hooks: Any = None,
+    *,
+    options: Options | None = None,
+    runner: Any = None,
+    **start: Any,
+) -> Controller:
     """A started controller without its thread (step it with ``run_once``), over a
-    :class:`StuckPoller` and an :class:`IdleRunner`, with t[0] assigned (epoch 1)."""
+    :class:`StuckPoller` (``controller._poller``) and ``runner`` (an :class:`IdleRunner` by
+    default), with t[0] assigned (epoch 1). ``start`` goes to ``Controller.start``."""
+    options = options if options is not None else Options()
     poller = StuckPoller()
     controller = Controller(
-        Options(),
-        runner=IdleRunner(),
+        options,
+        runner=runner if runner is not None else IdleRunner(),
         poller=poller,
-        committer=ConsumerCommitter(poller, Options().commit_mode),
+        committer=ConsumerCommitter(poller, options.commit_mode),
         clock=clock,
         hooks=hooks,
     )
-    controller.start(lambda ctx: None, thread=False)
+    controller.start(lambda ctx: None, thread=False, **start)
     controller.post(PartitionsAssigned((Assignment(("t", 0), 1, None, None),)))
     return controller
 

@@ -132,59 +132,14 @@ def test_chains_are_not_used_with_poll_and_produce_or_unordered(harness, cluster
     pc.close()
 
 
-class _ChainTaker:
-    """A runner that takes chains and runs nothing (the test reports for it)."""
-
-    capacity = 4
-    backlog = 1
-    runs = False
-
-    def __init__(self) -> None:
-        self.chains: list[list[tuple[int, PollContext]]] = []
-
-    def start(self, handler: object, done: object) -> None:
-        pass
-
-    def submit(self, batch: int, context: PollContext) -> None:
-        raise AssertionError("only chains here")
-
-    def submit_chunk(self, calls: object) -> None:
-        raise AssertionError("only chains here")
-
-    def submit_chain(self, calls: list[tuple[int, PollContext]]) -> None:
-        self.chains.append(list(calls))
-
-    def take_back_chain(self, batch: int) -> list[int]:
-        return []
-
-    def release_stuck(self, after: float) -> int:
-        return 0
-
-    def cancel_queued(self) -> list[int]:
-        return []
-
-    def cancel(self, batch: int, error: BaseException | None = None) -> None:
-        pass
-
-    def stop(self, timeout: float) -> bool:
-        return True
-
-
 def test_a_chained_call_is_timed_from_the_end_of_the_call_before_it():
     """Metrics (slow_after, processing time) and on_work_done time a call, not its wait behind
     the calls before it in its chain: a fast record after a slow one is not slow."""
     from confluent_kafka import Message
-    from doubles import StuckPoller
+    from doubles import ChainTaker, stepped_controller
 
     from parallel_consumer import NoHooks
-    from parallel_consumer._controller import Controller
-    from parallel_consumer._events import (
-        Assignment,
-        PartitionsAssigned,
-        RecordsPolled,
-        WorkDoneMany,
-    )
-    from parallel_consumer.commit import ConsumerCommitter
+    from parallel_consumer._events import RecordsPolled, WorkDoneMany
     from parallel_consumer.testing.clock import FakeClock
 
     class Durations(NoHooks):
@@ -194,23 +149,13 @@ def test_a_chained_call_is_timed_from_the_end_of_the_call_before_it():
         def on_work_done(self, batch, errors, duration):
             self.seen[batch] = duration
 
-    poller = StuckPoller()
-    runner = _ChainTaker()
+    runner = ChainTaker()
     clock = FakeClock()
     hooks = Durations()
     options = Options(ordering=ProcessingOrder.PARTITION, commit_interval=1000)
-    controller = Controller(
-        options,
-        runner=runner,
-        poller=poller,
-        committer=ConsumerCommitter(poller, options.commit_mode),
-        clock=clock,
-        hooks=hooks,
-    )
-    controller.start(lambda ctx: None, thread=False)
+    controller = stepped_controller(clock, hooks, options=options, runner=runner)
     controller._observe_service(0.002)  # calls of 2 ms: chains
     tp = ("t", 0)
-    controller.post(PartitionsAssigned((Assignment(tp, 1, None, None),)))
     messages = [Message(topic="t", partition=0, offset=o, key=b"k") for o in range(3)]
     controller.post(RecordsPolled({tp: (1, messages)}))
     controller.run_once(block=False)

@@ -92,17 +92,13 @@ def test_a_stall_abandoned_call_of_a_detached_run_holds_one_slot():
     on_stall=DEAD_LETTER, leaves the in-flight table and becomes an overrun; its run stays out
     until the worker reports. It must still count once against the call limit."""
     from confluent_kafka import Message
-    from doubles import StuckPoller
-    from test_runs import _RunTaker
+    from doubles import RunTaker, stepped_controller
 
-    from parallel_consumer._controller import Controller
     from parallel_consumer._dead_letters import DeadLetters
-    from parallel_consumer._events import Assignment, PartitionsAssigned, RecordsPolled
-    from parallel_consumer.commit import ConsumerCommitter
+    from parallel_consumer._events import RecordsPolled
     from parallel_consumer.testing.clock import FakeClock
 
-    poller = StuckPoller()
-    runner = _RunTaker()
+    runner = RunTaker()
     clock = FakeClock()
     options = Options(
         ordering=ProcessingOrder.KEY,
@@ -111,22 +107,15 @@ def test_a_stall_abandoned_call_of_a_detached_run_holds_one_slot():
         on_stall="dead_letter",
         dead_letter_topic="dlq",
     )
-    controller = Controller(
-        options,
+    controller = stepped_controller(
+        clock,
+        options=options,
         runner=runner,
-        poller=poller,
-        committer=ConsumerCommitter(poller, options.commit_mode),
-        clock=clock,
-    )
-    controller.start(
-        lambda ctx: None,
-        thread=False,
-        outputs=_Outputs(),  # type: ignore[arg-type]
+        outputs=_Outputs(),
         produces=False,
         dead_letters=DeadLetters(options, "g"),
     )
     controller._observe_service(1e-6)
-    controller.post(PartitionsAssigned((Assignment(("t", 0), 1, None, None),)))
     messages = [Message(topic="t", partition=0, offset=o, key=b"k%d" % o) for o in range(100)]
     controller.post(RecordsPolled({("t", 0): (1, messages)}))
     controller.run_once(block=False)
@@ -157,78 +146,23 @@ def test_a_stall_abandoned_call_of_a_detached_run_holds_one_slot():
     assert held == 1, f"the hung call holds {held} slots of the call limit"
 
 
-class _ChainTaker:
-    """A runner that takes chains and single calls and runs nothing (the test is the worker)."""
-
-    capacity = 4
-    backlog = 1
-    runs = False
-
-    def __init__(self) -> None:
-        self.chains: list[list[tuple[int, PollContext]]] = []
-        self.singles: list[tuple[int, PollContext]] = []
-
-    def start(self, handler: object, done: object) -> None:
-        pass
-
-    def submit(self, batch: int, context: PollContext) -> None:
-        self.singles.append((batch, context))
-
-    def submit_chunk(self, calls: object) -> None:
-        raise AssertionError("no chunks here")
-
-    def submit_chain(self, calls: list[tuple[int, PollContext]]) -> None:
-        self.chains.append(list(calls))
-
-    def take_back_chain(self, batch: int) -> list[int]:
-        return []
-
-    def release_stuck(self, after: float) -> int:
-        return 0
-
-    def cancel_queued(self) -> list[int]:
-        return []
-
-    def cancel(self, batch: int, error: BaseException | None = None) -> None:
-        pass
-
-    def stop(self, timeout: float) -> bool:
-        return True
-
-
 def test_a_failed_chain_call_reported_early_keeps_its_retry_ahead_of_the_unstarted():
     """ThreadRunner.release_stuck may take a chain's failed result (and post it) before the
     chain's owner posts the calls it did not start (WorkDoneMany.unstarted): two events. With
     retry_delay=0 the failed record's retry is back at the front of its lane before the
     unstarted records come back; put_back must not put them ahead of it."""
     from confluent_kafka import Message
-    from doubles import StuckPoller
+    from doubles import ChainTaker, stepped_controller
 
-    from parallel_consumer._controller import Controller
-    from parallel_consumer._events import (
-        Assignment,
-        PartitionsAssigned,
-        RecordsPolled,
-        WorkDoneMany,
-    )
-    from parallel_consumer.commit import ConsumerCommitter
+    from parallel_consumer._events import RecordsPolled, WorkDoneMany
     from parallel_consumer.testing.clock import FakeClock
 
-    poller = StuckPoller()
-    runner = _ChainTaker()
+    runner = ChainTaker()
     clock = FakeClock()
     options = Options(ordering=ProcessingOrder.PARTITION, retry_delay=0, commit_interval=1000)
-    controller = Controller(
-        options,
-        runner=runner,
-        poller=poller,
-        committer=ConsumerCommitter(poller, options.commit_mode),
-        clock=clock,
-    )
-    controller.start(lambda ctx: None, thread=False)
+    controller = stepped_controller(clock, options=options, runner=runner)
     controller._observe_service(0.002)  # calls of 2 ms: chains of up to 10
     tp = ("t", 0)
-    controller.post(PartitionsAssigned((Assignment(tp, 1, None, None),)))
     messages = [Message(topic="t", partition=0, offset=o, key=b"k") for o in range(5)]
     controller.post(RecordsPolled({tp: (1, messages)}))
     controller.run_once(block=False)

@@ -365,69 +365,20 @@ def test_a_run_of_calls_of_milliseconds_is_detached_within_40_ms(call, look):
     assert now - 100.0 <= 0.04
 
 
-class _RunTaker:
-    """A runner that takes runs and chunks and runs nothing (the test plays the worker)."""
-
-    capacity = 8
-    backlog = 8
-    runs = True
-
-    def __init__(self) -> None:
-        self.taken: list[object] = []
-
-    def start(self, handler: object, done: object) -> None:
-        pass
-
-    def submit(self, batch: int, context: PollContext) -> None:
-        self.taken.append(context)
-
-    def submit_chunk(self, calls: object) -> None:
-        self.taken.append(calls)
-
-    def submit_run(self, run: object) -> None:
-        self.taken.append(run)
-
-    def release_stuck(self, after: float) -> list[object]:
-        return []
-
-    def cancel_queued(self) -> list[int]:
-        return []
-
-    def stop(self, timeout: float) -> bool:
-        return True
-
-
 def test_a_revoke_commits_what_the_run_out_already_finished():
     """Records a run finished before a revoke are committed by the revoke's final commit: the
     partition's next owner must not run them again (review finding F4)."""
     from concurrent.futures import Future
 
     from confluent_kafka import Message
-    from doubles import StuckPoller
+    from doubles import RunTaker
 
-    from parallel_consumer._controller import Controller
-    from parallel_consumer._events import (
-        Assignment,
-        Commit,
-        PartitionsAssigned,
-        PartitionsRevoked,
-        RecordsPolled,
-    )
-    from parallel_consumer.commit import ConsumerCommitter
+    from parallel_consumer._events import Commit, PartitionsRevoked, RecordsPolled
 
-    poller = StuckPoller()
-    runner = _RunTaker()
+    runner = RunTaker()
     options = Options(ordering=ProcessingOrder.UNORDERED, commit_interval=60)
-    controller = Controller(
-        options,
-        runner=runner,
-        poller=poller,
-        committer=ConsumerCommitter(poller, options.commit_mode),
-        clock=FakeClock(),
-    )
-    controller.start(lambda ctx: None, thread=False)
+    controller = stepped_controller(FakeClock(), options=options, runner=runner)
     controller._observe_service(1e-6)  # calls measured short: records go out in runs
-    controller.post(PartitionsAssigned((Assignment(("t", 0), 1, None, None),)))
     messages = [Message(topic="t", partition=0, offset=o, key=b"k") for o in range(100)]
     controller.post(RecordsPolled({("t", 0): (1, messages)}))
     controller.run_once(block=False)
@@ -443,7 +394,7 @@ def test_a_revoke_commits_what_the_run_out_already_finished():
     controller.run_once(block=False)
     # Then the final commit covers the 40 finished records
     assert reply.done()
-    commits = [c for c in poller.commands if isinstance(c, Commit)]
+    commits = [c for c in controller._poller.commands if isinstance(c, Commit)]
     assert commits, "no final commit"
     assert commits[-1].offsets[0].offset == 40
     # and every record of the run is accounted for once: none is left counted as out
@@ -455,25 +406,14 @@ def test_a_hung_call_of_a_detached_run_holds_one_slot_of_the_call_limit():
     stays out until the worker reports: the call must count once against the call limit, not
     twice, or every hung call costs the engine one more worker (review finding F3)."""
     from confluent_kafka import Message
-    from doubles import StuckPoller
+    from doubles import RunTaker
 
-    from parallel_consumer._controller import Controller
-    from parallel_consumer._events import Assignment, PartitionsAssigned, RecordsPolled
-    from parallel_consumer.commit import ConsumerCommitter
+    from parallel_consumer._events import RecordsPolled
 
-    poller = StuckPoller()
-    runner = _RunTaker()
+    runner = RunTaker()
     options = Options(ordering=ProcessingOrder.KEY, commit_interval=60)
-    controller = Controller(
-        options,
-        runner=runner,
-        poller=poller,
-        committer=ConsumerCommitter(poller, options.commit_mode),
-        clock=FakeClock(),
-    )
-    controller.start(lambda ctx: None, thread=False)
+    controller = stepped_controller(FakeClock(), options=options, runner=runner)
     controller._observe_service(1e-6)  # calls measured short: records go out in runs
-    controller.post(PartitionsAssigned((Assignment(("t", 0), 1, None, None),)))
     messages = [Message(topic="t", partition=0, offset=o, key=b"k%d" % o) for o in range(100)]
     controller.post(RecordsPolled({("t", 0): (1, messages)}))
     controller.run_once(block=False)
