@@ -53,11 +53,15 @@ def test_stall_dead_letter_of_a_hung_chain_call_frees_its_lane(
         # Then 20 more records arrive together; offset 40 hangs
         _produce(cluster, 40, 20)
         wait_until(hung.is_set)
-        time.sleep(0.1)
+
+        def engine_holds_all_20() -> bool:
+            stats = pc.statistics()
+            return stats.in_flight + stats.waiting >= 20
+
+        wait_until(engine_holds_all_20)
         # When the partition stalls: on_stall=DEAD_LETTER gives up on offset 40
         clock.advance(30)
-        wait_until(lambda: len(cluster.records("t.dlq")) == 1)
-        time.sleep(0.5)
+        wait_until(lambda: pc.statistics().records_dead_lettered == 1)
         clock.advance(30)  # a second stall episode (now at offset 41) changes nothing
         # Then the records behind it run (as they do without chains)
         wait_until(
