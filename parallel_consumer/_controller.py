@@ -136,8 +136,9 @@ RUN_SLOW_CALL = THREAD_HOP
 #: to CHAIN_SECONDS of calls and CHAIN_MOST records, and runs them one after another, each only
 #: once the one before succeeded: no round trip through the controller between two records of
 #: a lane. CHAIN_SECONDS is as long as a chunk may run before it counts as stuck: lanes share
-#: the workers at that grain, and a chain's results normally come in one report. CHAIN_MOST
-#: keeps one lane from holding much of a small buffer (its records in flight hold credit).
+#: the workers at that grain, and a chain's results normally come in one report. A chain's
+#: records hold credit until it reports: chains out together (one per slot of the call limit)
+#: hold at most half of max_buffered_records, so that the poller can still fetch.
 CHAINS = True
 CHAIN_SECONDS = STUCK_AFTER
 CHAIN_MOST = 16
@@ -206,6 +207,7 @@ class Controller:
         #: flight: the call limit counts ``_chains.extra`` out of the in-flight table.
         self._chains = Chains()
         self._chains_on = False
+        self._chain_most = CHAIN_MOST
         #: on_stall=DEAD_LETTER: records whose young call was given its chance once already.
         self._stall_chances: set[tuple[TopicPartition, int]] = set()
         self._inbox: queue.SimpleQueue[ControllerEvent] = queue.SimpleQueue()
@@ -330,6 +332,10 @@ class Controller:
             and not self._produces
             and self._gate is None
         )
+        if self._chains_on:
+            slots = self._runner.capacity + self._runner.backlog
+            self._chain_most = min(CHAIN_MOST, self._options.buffer_limit // (2 * slots))
+            self._chains_on = self._chain_most > 1
         self._runner.start(handler, self.post)
         self.lifecycle = Lifecycle.RUNNING
         self._next_commit = self._clock.monotonic() + self._options.commit_every
@@ -908,6 +914,8 @@ class Controller:
                     before = run.settled
                     self._settle_run(run, state, min(run.done, len(run.messages)))
                     self._runs.settled_early(run.settled - before)
+                # So for its chains; and their calls not started must not start any more.
+                self._recall_chains(tp)
                 commit = self._commits.final_for(state, now)
                 if commit is not None:
                     final.append(commit)
@@ -923,6 +931,9 @@ class Controller:
             self._history = {k: v for k, v in self._history.items() if k[0] not in gone}
 
     def _forget(self, tp: TopicPartition) -> None:
+        if tp in self._partitions:
+            # (its chains' calls not started never start: the partition is no longer ours)
+            self._recall_chains(tp)
         state = self._partitions.pop(tp, None)
         if state is None:
             return
@@ -976,7 +987,7 @@ class Controller:
         if self._chains_on and chunk == 1:
             service = self._service_time.value
             if service:
-                chain = max(1, min(CHAIN_MOST, int(CHAIN_SECONDS / service)))
+                chain = max(1, min(self._chain_most, int(CHAIN_SECONDS / service)))
         calls: list[tuple[int, PollContext]] = []
         while len(in_flight) < capacity:
             if batch_size == 1 and timeout is None:
@@ -1081,6 +1092,21 @@ class Controller:
                     items.append(item)
         if items:
             self._shards.put_back(items)
+
+    def _recall_chain(self, chain: int) -> None:
+        """Chain ``chain`` ends for the engine now: the calls it finished are settled (a
+        revoke's final commit covers them) and its calls not started go back to their lane
+        (a revoked partition's: released, like its waiting records). The call its worker is in
+        reports on its own."""
+        results, rest = self._runner.take_back_chain(chain)  # type: ignore[attr-defined]
+        if results:
+            self._on_chunk_done(WorkDoneMany(results, 0.0))
+        if rest:
+            self._put_back(rest)
+
+    def _recall_chains(self, tp: TopicPartition) -> None:
+        for chain in self._chains.of_partition(tp):
+            self._recall_chain(chain)
 
     def _take_back(self, batch_id: int) -> Batch | None:
         """A call the runner gave back before it started (close, or a chain's call behind a
@@ -1691,12 +1717,11 @@ class Controller:
         # process; a thread runs on (it holds a worker until it returns: see _call_limit).
         if call.id not in self._adopted:  # (a detached run's call is on a thread: it runs on)
             self._runner.cancel(call.id, error)
-        if call.id in self._chains:
+        chain = self._chains.chain_of(call.id)
+        if chain is not None:
             # The records chained behind it must not wait for a call that may never return:
             # they go back to their lane (which stays busy until this record is settled).
-            rest = self._runner.take_back_chain(call.id)  # type: ignore[attr-defined]
-            if rest:
-                self._put_back(rest)
+            self._recall_chain(chain)
         if batch.items:
             self._settle(batch, (error,) * len(batch.items), now)
 

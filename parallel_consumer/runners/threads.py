@@ -30,7 +30,7 @@ class _Chunk:
     what the owner has not started (or reported) while the owner is inside a call that hangs:
     each call is started, and each result reported, exactly once."""
 
-    __slots__ = ("calls", "chain", "current", "results", "started")
+    __slots__ = ("calls", "chain", "first", "results", "started")
 
     def __init__(self, calls: list[Call], *, chain: bool = False) -> None:
         self.calls: deque[Call] = deque(calls)
@@ -39,8 +39,8 @@ class _Chunk:
         self.started = 0.0
         #: A chain: records of one lane, each to start only after the one before succeeded.
         self.chain = chain
-        #: The call the owner is in (0: none yet), for :meth:`ThreadRunner.take_back_chain`.
-        self.current = 0
+        #: Its first call's id: the chain's name (:meth:`ThreadRunner.take_back_chain`).
+        self.first = calls[0][0] if calls else 0
 
     def take_results(self) -> list[CallResult]:
         return drain_left(self.results)
@@ -124,14 +124,17 @@ class ThreadRunner:
         self._active.add(chunk)
         self._tasks.put(chunk)
 
-    def take_back_chain(self, batch: int) -> list[int]:
-        """The calls not started of the chain whose worker is in call ``batch`` (which the
-        engine gave up on: it hangs): they will not run there. Returns their ids (empty if
-        ``batch`` is in no chain, or its chain has nothing left to start). Controller thread."""
+    def take_back_chain(self, chain: int) -> tuple[list[CallResult], list[int]]:
+        """Chain ``chain`` (the id of its first call) ends here for the engine, whatever its
+        worker is doing (a call the engine gave up on hangs; its partition was revoked): the
+        results of its calls that finished and were not reported yet, and the ids of its calls
+        not started, which never will be. Its worker finishes the call it is in, if any, and
+        reports that one alone. Controller thread."""
         for chunk in list(self._active):
-            if chunk.chain and chunk.current == batch:
-                return [taken for taken, _ in chunk.take_calls()]
-        return []
+            if chunk.chain and chunk.first == chain:
+                rest = [taken for taken, _ in chunk.take_calls()]
+                return chunk.take_results(), rest
+        return [], []
 
     @property
     def runs(self) -> bool:
@@ -260,7 +263,6 @@ class ThreadRunner:
                     batch, context = calls.popleft()
                 except IndexError:
                     break
-                chunk.current = batch
                 result = call(handler, batch, context)
                 if result is None:
                     stopped = True

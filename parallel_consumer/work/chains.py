@@ -75,6 +75,17 @@ class Chains:
             del self._left[chain]
             self._ends.pop(chain, None)
 
+    def chain_of(self, call: int) -> int | None:
+        """The chain of call ``call`` (the id of its first call), if it is a chain's."""
+        of = self._of.get(call)
+        return None if of is None else of[0]
+
+    def of_partition(self, tp: TopicPartition) -> list[int]:
+        """The chains out of partition ``tp`` (a scan: for revokes)."""
+        if tp not in self.by_tp:
+            return []
+        return sorted({chain for chain, of_tp in self._of.values() if of_tp == tp})
+
     def __contains__(self, call: object) -> bool:
         return call in self._of
 

@@ -136,17 +136,19 @@ class FakeChainRunner(FakeRunner):
         assert len(lanes) == 1, f"a chain of several lanes: {lanes}"
         chain_calls = self.calls[before:]
         del self.calls[before:]
-        self.chains.append({"calls": chain_calls, "results": []})
+        self.chains.append({"first": [calls[0][0]], "calls": chain_calls, "results": []})
 
-    def take_back_chain(self, batch: int) -> list[int]:
-        """The engine gave up on call ``batch``, the current call of a chain: the calls behind
-        it will not start."""
+    def take_back_chain(self, first: int) -> tuple[list[Any], list[int]]:
+        """The engine ends chain ``first`` (its partition was revoked, or its current call
+        hangs): the results not reported yet, and the calls not started but the current one
+        (in progress: it reports on its own; the machine plays it as started)."""
         for chain in self.chains:
-            if chain["calls"] and chain["calls"][0][0] == batch:
+            if chain["first"][0] == first:
+                results, chain["results"] = chain["results"], []
                 rest = [b for b, _ in chain["calls"][1:]]
                 del chain["calls"][1:]
-                return rest
-        return []
+                return results, rest
+        return [], []
 
 
 class FakeOutputs:

@@ -106,8 +106,8 @@ class ChainTaker:
     def submit_chain(self, calls: list[tuple[int, PollContext]]) -> None:
         self.chains.append(list(calls))
 
-    def take_back_chain(self, batch: int) -> list[int]:
-        return []
+    def take_back_chain(self, chain: int) -> tuple[list[object], list[int]]:
+        return [], []
 
     def release_stuck(self, after: float) -> int:
         return 0

@@ -178,3 +178,67 @@ def test_a_chained_call_is_timed_from_the_end_of_the_call_before_it():
     assert hooks.seen[ids[0]] == pytest.approx(5.0)
     assert hooks.seen[ids[1]] == pytest.approx(0.001)
     assert hooks.seen[ids[2]] == pytest.approx(0.001)
+
+
+def test_no_call_of_a_revoked_partitions_chain_starts_after_the_revoke(
+    harness, cluster, wait_until
+):
+    """A revoke takes back what chains of the partition have not started (the next owner
+    starts from the revoke's commit: a chained call started after it would run beside the
+    next owner's) and commits what they finished (found by a break test: 3-11 calls started
+    after the revoke, and the final commit lagged the finished records by a chain)."""
+    from parallel_consumer import NoHooks
+
+    produce(cluster, 300, keys=1, partitions=1)
+    revoked = threading.Event()
+    after: list[int] = []
+    calls: list[int] = []
+
+    class Revokes(NoHooks):
+        def on_rebalance(self, kind, partitions):
+            if kind == "revoked":
+                revoked.set()
+
+    def handle(ctx: PollContext) -> None:
+        if revoked.is_set():
+            after.append(ctx.offset)
+        calls.append(ctx.offset)
+        time.sleep(0.001)
+
+    pc = harness.make(
+        Options(ordering=ProcessingOrder.PARTITION, max_concurrency=4, commit_interval=1000),
+        hooks=Revokes(),
+    )
+    pc.poll(handle)
+    wait_until(lambda: len(calls) >= 45, timeout=30)
+    harness.consumers[0].rebalance(revoke=[("t", 0)])
+    assert revoked.wait(10)
+    in_progress = len(calls)
+    wait_until(lambda: cluster.committed("g", "t", 0) is not None, timeout=10)
+    # Then at most the call in progress at the revoke ran on, nothing started after it, and
+    # the final commit covers what had finished (all but the call in progress)
+    time.sleep(0.05)  # (a chained call that wrongly starts would start within 2 ms)
+    assert len(after) <= 1, after
+    committed, _ = cluster.committed("g", "t", 0)
+    assert committed >= in_progress - 1
+    assert pc.statistics().chains > 0
+    pc.close()
+
+
+def test_chains_stay_off_when_the_buffer_is_too_small_for_them(harness, cluster, wait_until):
+    """A chain's records hold credit until it reports: with max_buffered_records at its
+    smallest, chains out together would hold the whole buffer and the poller could not fetch
+    (a break test measured half the throughput). Chains need room for two records per slot."""
+    produce(cluster, 600, keys=3, partitions=3)
+    done: list[int] = []
+
+    def handle(ctx: PollContext) -> None:
+        time.sleep(0.001)
+        done.append(ctx.offset)
+
+    small = Options(ordering=ProcessingOrder.PARTITION, max_concurrency=4, max_buffered_records=8)
+    pc = harness.make(small)
+    pc.poll(handle)
+    wait_until(lambda: len(done) >= 600, timeout=30)
+    assert pc.statistics().chains == 0
+    pc.close()
