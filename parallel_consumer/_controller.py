@@ -142,6 +142,11 @@ RUN_SLOW_CALL = THREAD_HOP
 CHAINS = True
 CHAIN_SECONDS = STUCK_AFTER
 CHAIN_MOST = 16
+#: While chains are on, and there are at most this many lanes per call slot, the next lane to
+#: run is the one with the most records waiting (ShardMap.take_longest): a burst then ends
+#: when its total work allows, not when its longest lane does. (With many more lanes than
+#: workers, each lane is short and the order matters little.)
+LONGEST_FIRST_LANES = 8
 
 
 class PollerPort(Protocol):
@@ -988,6 +993,10 @@ class Controller:
             service = self._service_time.value
             if service:
                 chain = max(1, min(self._chain_most, int(CHAIN_SECONDS / service)))
+                if chain > 1 and len(self._shards) <= LONGEST_FIRST_LANES * capacity:
+                    # Calls of milliseconds over few lanes for the workers, where the longest
+                    # lane sets the end of a burst: serve the longest lanes first.
+                    take = self._shards.take_longest
         calls: list[tuple[int, PollContext]] = []
         while len(in_flight) < capacity:
             if batch_size == 1 and timeout is None:
