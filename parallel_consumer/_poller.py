@@ -742,6 +742,7 @@ class Poller:
     def _forget(self, partitions: list[Any]) -> tuple[TopicPartition, ...]:
         """Drop the poller's per-partition state of partitions leaving the assignment."""
         tps = tuple((p.topic, p.partition) for p in partitions)
+        self._resume_leaving(tps)
         if self._overflow:
             gone = set(tps)
             self._overflow = deque(
@@ -754,6 +755,21 @@ class Poller:
             self._delivered_to.pop(tp, None)
             self._first_seen.pop(tp, None)
         return tps
+
+    def _resume_leaving(self, tps: tuple[TopicPartition, ...]) -> None:
+        """Resume the paused partitions of ``tps`` before they leave the assignment.
+
+        librdkafka keeps a partition's pause across a revoke: if the group hands the partition
+        back to this consumer, it stays paused, and nothing here would resume it (to the engine
+        it is a new, unpaused partition), so it would never be fetched again. Resumed now, it
+        comes back fresh, as in the Java client."""
+        paused = [tp for tp in tps if tp in self._paused]
+        if not paused:
+            return
+        try:
+            self._consumer.resume([KafkaTopicPartition(t, p) for t, p in paused])
+        except KafkaException as exc:  # (a lost partition may be gone from the client already)
+            log.debug("resuming %s as they leave the assignment failed: %s", paused, exc)
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         self._assert_owner()

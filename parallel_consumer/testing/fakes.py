@@ -355,15 +355,15 @@ class FakeConsumer:
             self._call("lost", lost)
             with self._cond:
                 for tp in lost:
+                    # (a pause stays: librdkafka keeps it on the partition across a revoke,
+                    # and a partition handed back comes back paused)
                     self._assigned.pop(tp, None)
-                    self._paused.discard(tp)
         for revoke, assign in rebalances:
             if revoke:
                 self._call("revoke", revoke)
                 with self._cond:
                     for tp in revoke:
-                        self._assigned.pop(tp, None)
-                        self._paused.discard(tp)
+                        self._assigned.pop(tp, None)  # (its pause stays, as above)
             if assign:
                 with self._cond:
                     for tp in assign:
