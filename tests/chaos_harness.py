@@ -129,6 +129,8 @@ class ChaosReport:
     worker_warnings: list[str] = field(default_factory=list)
     #: Lines the workers printed on stderr: the library's and librdkafka's warnings, tracebacks.
     worker_stderr_lines: int = 0
+    #: Chains the members that closed gracefully handed out (statistics().chains).
+    chains: int = 0
     committed: dict[int, int] = field(default_factory=dict)
     ends: dict[int, int] = field(default_factory=dict)
     seconds: float = 0.0
@@ -151,7 +153,8 @@ class ChaosReport:
             f"  lost {self.lost}, unexpected {self.unexpected}, order violations "
             f"{len(self.order_violations)}, commits ahead of unhandled records "
             f"{len(self.commits_ahead)}, retried calls {self.retried_calls}\n"
-            f"  handler calls {self.calls}, duplicates {self.duplicates} "
+            f"  handler calls {self.calls} ({self.chains} chains in the members closed), "
+            f"duplicates {self.duplicates} "
             f"({self.duplicates_within_a_process} within one process) <= bound {self.bound} "
             f"(at risk: killed {self.at_risk_killed}, survivors {self.at_risk_survivors}; "
             f"stale results {self.stale})\n"
@@ -483,6 +486,7 @@ def _analyse(report: ChaosReport, members: list[Member], expected: set[tuple[int
                         pending[p] = [o for o in pending[p] if o >= committed_offset]
             elif kind == "F":
                 stale = int(fields[2])
+                report.chains += int(fields[5])
             elif kind == "W":
                 report.worker_warnings.append(f"run {member.run}: {' '.join(fields[2:])}")
             elif kind == "X":

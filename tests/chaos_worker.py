@@ -142,7 +142,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         pc.close()
         _sample(pc, log)  # the acknowledged final commit (the controller has stopped)
         stats = pc.statistics()
-        log.line("F", stats.results_stale, stats.records_succeeded, stats.commits_acknowledged)
+        log.line(
+            "F",
+            stats.results_stale,
+            stats.records_succeeded,
+            stats.commits_acknowledged,
+            stats.chains,
+        )
         return 0
     except Exception as exc:
         log.line("X", repr(exc).replace("\n", " "))

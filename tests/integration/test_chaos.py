@@ -43,3 +43,25 @@ def test_members_killed_mid_run_lose_nothing_and_keep_key_order(
     # Then nothing was lost, everything is committed, every process kept per-key order, and the
     # duplicates stay within what the killed processes had finished but not committed
     check(report)
+
+
+#: Calls of milliseconds over few lanes per member: chains, and the longest lanes first.
+CHAINS_PLAN = ChaosPlan(
+    records=20_000, keys=6, kills=2, concurrency=4, max_sleep_ms=4.0, phase_timeout=40.0
+)
+
+
+def test_members_killed_while_running_chains_lose_nothing_and_keep_key_order(
+    kafka: KafkaBroker, topic: TopicFactory, group_id: str, tmp_path: Path
+) -> None:
+    # Given 20,000 records of 6 keys (about a dozen lanes per member, 4 workers each) and calls
+    # of 0-4 ms: each worker runs a lane's records in chains, the longest lanes first
+    name = topic(CHAINS_PLAN.partitions)
+
+    # When a random member is SIGKILLed twice mid-run, and replaced each time
+    report = run_chaos(kafka.bootstrap_servers, name, group_id, CHAINS_PLAN, tmp_path)
+    print("\n" + report.summary())
+
+    # Then the same holds as without chains, and chains did run
+    check(report)
+    assert report.chains > 0
