@@ -231,8 +231,9 @@ class ShardMap:
     def take_longest(self, blocked: Mapping[TopicPartition, int]) -> WorkItem | None:
         """As :meth:`take`, but of the first LONGEST_LOOK ready lanes (KEY and PARTITION), the
         one with the most records waiting, so that long lanes start early and all lanes end
-        near the same time (longest-processing-time first). A lane passed over PASSED_MOST
-        times goes next whatever its length: no lane waits for ever behind longer ones.
+        near the same time (longest-processing-time first). The first lane seen that was
+        passed over PASSED_MOST times goes next whatever its length: no lane waits for ever
+        behind longer ones (at most about the ready lanes plus PASSED_MOST takes).
 
         For calls that take milliseconds (chains), where the wall time of a burst is its
         longest lane's: the look costs microseconds. Short calls use :meth:`take`."""

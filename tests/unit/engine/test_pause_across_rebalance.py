@@ -63,3 +63,49 @@ def test_a_partition_paused_when_revoked_runs_again_once_handed_back(
             return len(seen) == RECORDS
 
     wait_until(all_seen, timeout=60, what="every record handled")
+
+
+@pytest.mark.parametrize("how", ["revoked", "lost"])
+def test_partitions_paused_by_a_stall_run_again_once_handed_back(harness, cluster, wait_until, how):
+    # Given an engine full of records behind handlers that block: after a while the poller
+    # pauses every partition so that the client can still serve the group
+    cluster.create_topic("t", 2)
+    with cluster._cond:
+        for i in range(400):
+            cluster.produce("t", b"%d" % i, key=b"k%d" % (i % 10), partition=i % 2)
+    gate = threading.Event()
+    seen: set[tuple[int, int]] = set()
+    lock = threading.Lock()
+
+    def handle(ctx: PollContext) -> None:
+        gate.wait()
+        with lock:
+            seen.add((ctx.partition, ctx.offset))
+
+    pc = harness.make(
+        Options(
+            ordering=ProcessingOrder.KEY,
+            max_concurrency=2,
+            max_buffered_records=20,
+            commit_interval=0.1,
+        )
+    )
+    pc.poll(handle)
+    consumer = harness.consumers[0]
+    both = [("t", 0), ("t", 1)]
+    wait_until(lambda: consumer.paused() == set(both), timeout=30, what="the stall pause")
+
+    # When both are revoked (or lost) and handed straight back, and the handlers go on
+    if how == "revoked":
+        consumer.rebalance(revoke=both, assign=both)
+    else:
+        consumer.lose(both)
+        consumer.rebalance(assign=both)
+    gate.set()
+
+    # Then every record runs
+    def all_seen() -> bool:
+        with lock:
+            return len(seen) == 400
+
+    wait_until(all_seen, timeout=60, what="every record handled")
