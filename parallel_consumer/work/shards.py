@@ -209,20 +209,12 @@ class ShardMap:
             shard.scheduled = False
             if shard.removed or not shard.queue or (self._ordered and shard.busy):
                 continue
-            head = shard.queue[0]
             limit = blocked.get(shard.tp)
-            if limit is not None and head.offset >= limit:
-                shard.scheduled = True
-                shard.parked = True
-                self._parked.setdefault(shard.tp, []).append(shard)
+            if limit is not None and shard.queue[0].offset >= limit:
+                self._park(shard)
                 continue
-            queue = shard.queue
-            queue.popleft()
-            shard.busy += 1
-            head.in_flight = True
-            self.waiting -= 1
-            self.waiting_by_tp[shard.tp] -= 1
-            if queue and not self._ordered:
+            head = self._hand_out(shard)
+            if shard.queue and not self._ordered:
                 shard.scheduled = True
                 ready.append(shard)
             return head
@@ -249,8 +241,7 @@ class ShardMap:
                 continue
             limit = blocked.get(shard.tp)
             if limit is not None and shard.queue[0].offset >= limit:
-                shard.parked = True  # (stays scheduled while parked, as in take())
-                self._parked.setdefault(shard.tp, []).append(shard)
+                self._park(shard)
                 continue
             looked.append(shard)
             if shard.passed >= PASSED_MOST:
@@ -265,13 +256,7 @@ class ShardMap:
                 shard.passed += 1
                 ready.appendleft(shard)
         best.scheduled = False
-        best.passed = 0
-        head = best.queue.popleft()
-        best.busy += 1
-        head.in_flight = True
-        self.waiting -= 1
-        self.waiting_by_tp[best.tp] -= 1
-        return head
+        return self._hand_out(best)
 
     def take_following(
         self, head: WorkItem, most: int, blocked: Mapping[TopicPartition, int]
@@ -388,6 +373,23 @@ class ShardMap:
         )
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _park(self, shard: Shard) -> None:
+        """``shard``'s head is above its blocked partition's limit: it waits (still counted as
+        scheduled) until :meth:`unpark`."""
+        shard.scheduled = True
+        shard.parked = True
+        self._parked.setdefault(shard.tp, []).append(shard)
+
+    def _hand_out(self, shard: Shard) -> WorkItem:
+        """Take ``shard``'s head (taken off the ready queue by the caller) to run now."""
+        head = shard.queue.popleft()
+        shard.busy += 1
+        shard.passed = 0  # (its wait for take_longest starts again)
+        head.in_flight = True
+        self.waiting -= 1
+        self.waiting_by_tp[shard.tp] -= 1
+        return head
 
     def _new_shard(self, key: object, tp: TopicPartition) -> Shard:
         shard = self._shards[key] = Shard(key, tp)
