@@ -15,7 +15,37 @@ import pytest
 
 from parallel_consumer import Options, PollContext, ProcessingOrder
 
-RECORDS = 2000
+
+def produce(cluster, records: int, keys: int) -> None:
+    cluster.create_topic("t", 2)
+    with cluster._cond:
+        for i in range(records):
+            cluster.produce("t", b"%d" % i, key=b"k%d" % (i % keys), partition=i % 2)
+
+
+class Seen:
+    """The records handlers finished, as a user watches progress (not statistics())."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: set[tuple[int, int]] = set()
+
+    def add(self, ctx: PollContext) -> None:
+        with self._lock:
+            self._seen.add((ctx.partition, ctx.offset))
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._seen)
+
+
+def hand_back(consumer, tps: list[tuple[str, int]], how: str) -> None:
+    """Revoke (or lose) ``tps`` and assign them straight back to the same consumer."""
+    if how == "revoked":
+        consumer.rebalance(revoke=tps, assign=tps)
+    else:
+        consumer.lose(tps)
+        consumer.rebalance(assign=tps)
 
 
 @pytest.mark.parametrize("how", ["revoked", "lost"])
@@ -25,17 +55,12 @@ def test_a_partition_paused_when_revoked_runs_again_once_handed_back(
     # Given records on two partitions in PARTITION order (one call per partition at a time)
     # and a buffer small enough that the engine pauses a partition whose backlog is over its
     # share
-    cluster.create_topic("t", 2)
-    with cluster._cond:
-        for i in range(RECORDS):
-            cluster.produce("t", b"%d" % i, key=b"k%d" % (i % 50), partition=i % 2)
-    seen: set[tuple[int, int]] = set()
-    lock = threading.Lock()
+    produce(cluster, 2000, keys=50)
+    seen = Seen()
 
     def handle(ctx: PollContext) -> None:
         time.sleep(0.0005)
-        with lock:
-            seen.add((ctx.partition, ctx.offset))
+        seen.add(ctx)
 
     pc = harness.make(
         Options(
@@ -50,37 +75,23 @@ def test_a_partition_paused_when_revoked_runs_again_once_handed_back(
     wait_until(lambda: consumer.paused(), timeout=30, what="a partition paused")
 
     # When a paused partition is revoked (or lost) and handed back to the same consumer
-    paused = sorted(consumer.paused())
-    if how == "revoked":
-        consumer.rebalance(revoke=paused, assign=paused)
-    else:
-        consumer.lose(paused)
-        consumer.rebalance(assign=paused)
+    hand_back(consumer, sorted(consumer.paused()), how)
 
-    # Then every record still runs (watched through the handler, not statistics())
-    def all_seen() -> bool:
-        with lock:
-            return len(seen) == RECORDS
-
-    wait_until(all_seen, timeout=60, what="every record handled")
+    # Then every record still runs
+    wait_until(lambda: seen.count() == 2000, timeout=60, what="every record handled")
 
 
 @pytest.mark.parametrize("how", ["revoked", "lost"])
 def test_partitions_paused_by_a_stall_run_again_once_handed_back(harness, cluster, wait_until, how):
     # Given an engine full of records behind handlers that block: after a while the poller
     # pauses every partition so that the client can still serve the group
-    cluster.create_topic("t", 2)
-    with cluster._cond:
-        for i in range(400):
-            cluster.produce("t", b"%d" % i, key=b"k%d" % (i % 10), partition=i % 2)
+    produce(cluster, 400, keys=10)
     gate = threading.Event()
-    seen: set[tuple[int, int]] = set()
-    lock = threading.Lock()
+    seen = Seen()
 
     def handle(ctx: PollContext) -> None:
         gate.wait()
-        with lock:
-            seen.add((ctx.partition, ctx.offset))
+        seen.add(ctx)
 
     pc = harness.make(
         Options(
@@ -96,16 +107,8 @@ def test_partitions_paused_by_a_stall_run_again_once_handed_back(harness, cluste
     wait_until(lambda: consumer.paused() == set(both), timeout=30, what="the stall pause")
 
     # When both are revoked (or lost) and handed straight back, and the handlers go on
-    if how == "revoked":
-        consumer.rebalance(revoke=both, assign=both)
-    else:
-        consumer.lose(both)
-        consumer.rebalance(assign=both)
+    hand_back(consumer, both, how)
     gate.set()
 
     # Then every record runs
-    def all_seen() -> bool:
-        with lock:
-            return len(seen) == 400
-
-    wait_until(all_seen, timeout=60, what="every record handled")
+    wait_until(lambda: seen.count() == 400, timeout=60, what="every record handled")
