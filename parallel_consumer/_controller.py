@@ -72,7 +72,7 @@ from parallel_consumer.options import (
     ProcessingOrder,
     StallPolicy,
 )
-from parallel_consumer.produce import ProduceError, ProduceResult, outputs_of
+from parallel_consumer.produce import ProduceError, ProduceResult, ProducerRecord, outputs_of
 from parallel_consumer.retry import RetryQueue
 from parallel_consumer.runners.base import CallCancelled, Handler, Runner
 from parallel_consumer.status import Lifecycle, PollerStatistics, Statistics, assemble_statistics
@@ -92,7 +92,7 @@ from parallel_consumer.work.outcomes import (
     StopNow,
     decide,
 )
-from parallel_consumer.work.outputs import Pending, PendingOutputs, TransactionGate
+from parallel_consumer.work.outputs import Pending, PendingOutputs, RunOutputs, TransactionGate
 from parallel_consumer.work.partitions import PartitionState, RecordTotals, restored_state
 from parallel_consumer.work.progress import ProgressWatch, Stall
 from parallel_consumer.work.runs import Run, Runs
@@ -256,6 +256,7 @@ class Controller:
         # -- poll_and_produce (None / unused for poll) --
         self._outputs: Outputs | None = None
         self._produces = False
+        self._produce_runs = False
         self._on_produced: Callable[[ProduceResult], object] | None = None
         self._pending = PendingOutputs()
         #: The transactional mode's gate (None in the consumer commit modes).
@@ -311,14 +312,22 @@ class Controller:
             and callable(getattr(self._runner, "submit_chunk", None))
             and callable(getattr(self._runner, "release_stuck", None))
         )
-        # Runs carry no per-call bookkeeping: no per-call hooks, no outputs, one record a call.
+        # Runs carry no per-call bookkeeping: no per-call hooks, one record a call. With
+        # poll_and_produce a run's records finish once their outputs are acknowledged
+        # (RunOutputs); not in PARTITION order, where a partition's next record may only run
+        # once the outputs of the one before are (a failed output retries its record), nor
+        # with on_produced, which sees each output with its call.
+        self._produce_runs = (
+            self._produces
+            and self._on_produced is None
+            and self._options.ordering is not ProcessingOrder.PARTITION
+        )
         self._runs_on = (
             RUNS
             and self._chunks
             and callable(getattr(self._runner, "submit_run", None))
             and getattr(self._runner, "runs", False) is True
-            and not self._produces
-            and self._gate is None
+            and (self._produce_runs or (not self._produces and self._gate is None))
             and self._options.batch_size == 1
             and self._on_dispatch is None
             and self._on_work_done is None
@@ -609,7 +618,13 @@ class Controller:
         (:meth:`_start_runs`)."""
         runs = self._runs
         shards = self._shards
-        if not runs.busy(tp) and (self.chunk_size < RUN_FROM_CHUNK or tp in self._commits.blocked):
+        if not runs.busy(tp) and (
+            self.chunk_size < RUN_FROM_CHUNK
+            or tp in self._commits.blocked
+            # (transactional: records that failed before an abort keep their attempts in the
+            # lanes, see _recall_failures; runs start again once commits passed them)
+            or self._history
+        ):
             return fresh
         if shards.stale_held_in(tp) and not runs.busy(tp):
             # (rare: a call of a revoked assignment of ``tp`` still runs; its lane waits for
@@ -684,6 +699,7 @@ class Controller:
         longest = max(MAX_CHUNK, int(STUCK_AFTER / 4 / service))
         sampling = self._sampling
         timed = sampling.slow_after if sampling is not None else None
+        distinct = self._produce_runs and self._options.ordering is ProcessingOrder.KEY
         for tp in list(queued):
             if tp in runs.active:
                 continue
@@ -692,16 +708,38 @@ class Controller:
                 continue
             if len(self._in_flight) + self._workers_in_runs() >= limit:
                 break
-            epoch, messages = queued.pop(tp)
-            if len(messages) > longest:
-                queued[tp] = (epoch, messages[longest:])
-                messages = messages[:longest]
+            epoch, messages = queued[tp]
+            most = self._distinct_keys(tp, messages, longest) if distinct else longest
+            if not most:
+                continue  # its next record's key has outputs on their way: wait for them
+            del queued[tp]
+            if len(messages) > most:
+                queued[tp] = (epoch, messages[most:])
+                messages = messages[:most]
             run = runs.start(tp, epoch, messages, timed=timed)
+            if self._produce_runs:
+                run.outputs = []
             self._counters.runs += 1
             self._shards.count_waiting(tp, -len(messages))
             self._runner.submit_run(run)  # type: ignore[attr-defined]
             self._chunks_out = True
         return self._workers_in_runs()
+
+    def _distinct_keys(self, tp: TopicPartition, messages: list[Any], most: int) -> int:
+        """How many of ``messages`` from the first may run as one run of poll_and_produce in
+        KEY order: up to the first whose key has outputs on their way (held, see RunOutputs)
+        or appears before it in the run. A run's records then produce for distinct keys, so
+        a failed output retries its record before any later record of its key runs."""
+        topic, partition = tp
+        is_held = self._shards.is_held
+        seen: set[bytes | None] = set()
+        add = seen.add
+        for index, message in enumerate(messages[:most]):
+            key = message.key()
+            if key in seen or is_held((topic, partition, key)):
+                return index
+            add(key)
+        return min(most, len(messages))
 
     def _workers_in_runs(self) -> int:
         """Workers that runs hold, beside the calls of the in-flight table: one per run out,
@@ -725,13 +763,16 @@ class Controller:
             # that was in progress, which is a single call of the in-flight table now.
             index, batch_id = run.adopted
             self._adopted.pop(batch_id, None)
+            value = None
             if event.ok > index:
                 errors: tuple[BaseException | None] = (None,)
+                if run.outputs is not None:
+                    value = run.outputs[index]
             elif event.error is not None:
                 errors = (event.error,)
             else:
                 errors = (CallCancelled("the runner stopped before the call started"),)
-            self._work_done(batch_id, errors, None, event.finished_at, False)
+            self._work_done(batch_id, errors, value, event.finished_at, False)
             return
         if run.detached:
             return
@@ -761,13 +802,22 @@ class Controller:
         self._failed(item, error, event.finished_at)
 
     def _settle_run(self, run: Run, state: PartitionState, upto: int) -> None:
-        """The records of ``run`` from its last settled one up to ``upto`` succeeded."""
+        """The calls of ``run`` from its last settled one up to ``upto`` succeeded: their
+        records are finished, or (poll_and_produce) finish once their outputs are
+        acknowledged."""
         first = run.settled
-        count = upto - first
-        if count <= 0:
+        if upto <= first:
             return
         run.settled = upto
-        offsets = [m.offset() for m in run.messages[first:upto]]
+        if run.outputs is None:
+            self._settle_messages(state, run.messages[first:upto])
+        else:
+            self._run_outputs(run, state, first, upto)
+
+    def _settle_messages(self, state: PartitionState, messages: list[Any]) -> None:
+        """Records of ``state``'s partition succeeded, as a stretch (of a run)."""
+        count = len(messages)
+        offsets = [m.offset() for m in messages]
         highest = max(offsets)  # (a run is in offset order per lane, not across lanes)
         state.succeeded_many(offsets, highest)
         state.totals.succeeded += count
@@ -913,9 +963,10 @@ class Controller:
             state = self._partitions.get(tp)
             if state is not None:
                 run = self._runs.active.get(tp)
-                if run is not None and run.epoch == state.epoch:
+                if run is not None and run.epoch == state.epoch and run.outputs is None:
                     # The calls its worker finished succeeded: the final commit covers them
                     # (their report would come too late). Read once: the count only grows.
+                    # (Not those of poll_and_produce: their outputs are not acknowledged.)
                     before = run.settled
                     self._settle_run(run, state, min(run.done, len(run.messages)))
                     self._runs.settled_early(run.settled - before)
@@ -1319,10 +1370,111 @@ class Controller:
             self._counters.outputs_sent += len(pending.outputs)
         self._outputs.send(pending.batch.id, pending.outputs)
 
+    def _run_outputs(self, run: Run, state: PartitionState, first: int, upto: int) -> None:
+        """Records ``first`` to ``upto`` of a poll_and_produce run succeeded: produce their
+        outputs (held back while a transaction commits); they finish once all are
+        acknowledged. In KEY order their lanes are held until then."""
+        assert run.outputs is not None
+        messages = run.messages[first:upto]
+        outputs: list[ProducerRecord] = []
+        owners: list[int] = []
+        for index, value in enumerate(run.outputs[first:upto]):
+            if value is None:
+                continue
+            if type(value) is ProducerRecord:
+                outputs.append(value)
+                owners.append(index)
+            else:
+                outputs.extend(value)
+                owners.extend([index] * len(value))
+        if not outputs:
+            self._settle_messages(state, messages)
+            return
+        held: list[object] | None = None
+        if self._options.ordering is ProcessingOrder.KEY:
+            topic, partition = run.tp
+            held = [(topic, partition, m.key()) for m in messages]
+            self._shards.hold(held)
+        pending = RunOutputs(run.id, run.tp, run.epoch, messages, outputs, owners, held)
+        if self._gate is None or self._gate.open:
+            self._send_run_outputs(pending)
+        else:
+            self._pending.queue_run(pending)
+
+    def _send_run_outputs(self, pending: RunOutputs) -> None:
+        state = self._partitions.get(pending.tp)
+        if state is None or state.epoch != pending.epoch:
+            # Revoked meanwhile (held back by the gate): none is sent, they run again.
+            self._run_outputs_gone(pending)
+            return
+        assert self._outputs is not None
+        self._pending.sending_run(pending)
+        count = len(pending.outputs)
+        if self._gate is not None:
+            self._gate.outputs += count
+        self._counters.outputs_sent += count
+        self._outputs.send_run(pending.id, pending.outputs, pending.owners)
+
+    def _run_outputs_gone(self, pending: RunOutputs) -> None:
+        """The records of ``pending`` are no longer ours (their partition was revoked)."""
+        count = len(pending.messages)
+        self._counters.stale += count
+        self._to_release += count
+        if pending.held is not None:
+            self._shards.release(pending.held)
+
+    def _run_delivered(
+        self, run_id: int, failures: dict[int, BaseException] | None, now: float
+    ) -> None:
+        pending = self._pending.run_delivered(run_id)
+        if pending is None:  # pragma: no cover - every run is reported once
+            return
+        if failures is None:
+            self._counters.outputs_acknowledged += len(pending.outputs)
+        else:
+            failed = sum(1 for owner in pending.owners if owner in failures)
+            self._counters.outputs_failed += failed
+            self._counters.outputs_acknowledged += len(pending.outputs) - failed
+            if self._gate is not None:
+                # The transaction holds the run's other outputs, and these records run again:
+                # it must not commit (see _delivered).
+                self._gate.abort_soon()
+        state = self._partitions.get(pending.tp)
+        if state is None or state.epoch != pending.epoch:
+            self._run_outputs_gone(pending)
+            return
+        if failures is None:
+            self._settle_messages(state, pending.messages)
+            if pending.held is not None:
+                self._shards.release(pending.held)
+            return
+        # A failed output retries its record, in its lane; everything of the partition still
+        # to run goes to the lanes (after its run out, if any), where the records of its key
+        # wait behind it: the rule of a run that failed (see _on_run_done).
+        tp = pending.tp
+        run = self._runs.active.get(tp)
+        if run is not None and run.epoch == state.epoch:
+            self._detach_run(run, drop=False)
+        good = [m for i, m in enumerate(pending.messages) if i not in failures]
+        if good:
+            self._settle_messages(state, good)
+        items = []
+        for index, error in failures.items():
+            item = self._item_of(tp, pending.epoch, pending.messages[index])
+            self._shards.adopt(item)  # (before the holds end: its lane stays busy)
+            items.append((item, error))
+        self._runs_to_lanes(tp)
+        if pending.held is not None:
+            self._shards.release(pending.held)
+        for item, error in items:
+            self._failed(item, error, now)
+
     def _on_delivered(self, event: OutputsDelivered) -> None:
         now = self._clock.monotonic()
         for batch_id, results in event.calls:
             self._delivered(batch_id, results, now)
+        for run_id, failures in event.runs:
+            self._run_delivered(run_id, failures, now)
 
     def _delivered(
         self,
@@ -1382,7 +1534,7 @@ class Controller:
         let held-back outputs go once the gate is open again."""
         gate = self._gate
         assert gate is not None
-        if gate.ready(bool(self._pending.delivering)):
+        if gate.ready(self._pending.in_delivery):
             revokes, self._revokes = self._revokes, []
             if gate.must_abort:
                 # Abort instead of committing; the poller rewinds the partitions it keeps.
@@ -1411,6 +1563,9 @@ class Controller:
         if gate.open and self._pending.queued:
             for pending in self._pending.take_queued():
                 self._send_outputs(pending)
+        if gate.open and self._pending.queued_runs:
+            for outputs in self._pending.take_queued_runs():
+                self._send_run_outputs(outputs)
 
     def _count_failure(self, item: WorkItem, error: BaseException) -> RecordContext:
         """A failed attempt of ``item``: its history, the counter and the ``on_failure`` hook."""

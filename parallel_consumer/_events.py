@@ -188,6 +188,9 @@ class OutputsDelivered:
     acknowledged it, or the exception that says why it was not delivered."""
 
     calls: tuple[tuple[int, tuple[tuple[int, int] | BaseException | None, ...]], ...]
+    #: Runs whose outputs are all settled: ``(run id, None or {record index: why one of its
+    #: outputs was not delivered})``.
+    runs: tuple[tuple[int, dict[int, BaseException] | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ import enum
 import logging
 import threading
 import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -27,6 +28,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from parallel_consumer._events import ControllerEvent, OutputsDelivered, ProducerFailed
 from parallel_consumer.produce import ProduceError, ProducerRecord
+from parallel_consumer.work.runs import drain_left
 
 __all__ = ["Outputs", "TransactionOutcome"]
 
@@ -61,6 +63,18 @@ class TransactionOutcome(enum.Enum):
 
 
 Settled = tuple[int, tuple[tuple[int, int] | BaseException | None, ...]]
+#: A run's outputs all settled: (run id, None or the first failure per input index).
+SettledRun = tuple[int, dict[int, BaseException] | None]
+
+
+def _not_delivered(index: int, error: Any, message: Any) -> BaseException:
+    """Why output ``index`` of a call was not delivered (``error``: a KafkaError of its
+    delivery report, or the exception that rejected it)."""
+    if isinstance(error, BaseException):
+        return error
+    topic = message.topic() if message is not None else "?"
+    hint = _DELIVERY_HINTS.get(error.code(), "") if isinstance(error, KafkaError) else ""
+    return ProduceError(f"output {index} to {topic} was not delivered: {error}{hint}")
 
 
 class _Delivery:
@@ -82,12 +96,8 @@ class _Delivery:
         # failed at once).
         if error is None:
             result: tuple[int, int] | BaseException = (message.partition(), message.offset())
-        elif isinstance(error, BaseException):
-            result = error
         else:
-            topic = message.topic() if message is not None else "?"
-            hint = _DELIVERY_HINTS.get(error.code(), "") if isinstance(error, KafkaError) else ""
-            result = ProduceError(f"output {index} to {topic} was not delivered: {error}{hint}")
+            result = _not_delivered(index, error, message)
         with self._lock:
             self.results[index] = result
             self._remaining -= 1
@@ -95,6 +105,41 @@ class _Delivery:
         if last:
             # Posted by the producer thread, with every other call settled meanwhile.
             self._settled.append((self.batch, tuple(self.results)))
+
+
+class _RunDelivery:
+    """The delivery reports of a run's outputs (see RunOutputs): only failures are kept, per
+    input (``owners[i]`` returned output ``i``)."""
+
+    __slots__ = ("_lock", "_owners", "_remaining", "_settled", "failures", "run")
+
+    def __init__(
+        self,
+        run: int,
+        owners: Sequence[int],
+        settled: deque[SettledRun],
+        lock: threading.Lock,
+    ) -> None:
+        self.run = run
+        self._owners = owners
+        self._remaining = len(owners)
+        self._lock = lock
+        self._settled = settled
+        self.failures: dict[int, BaseException] | None = None
+
+    def report(self, index: int, error: Any, message: Any) -> None:
+        with self._lock:
+            if error is not None:
+                if self.failures is None:
+                    self.failures = {}
+                owner = self._owners[index]
+                if owner not in self.failures:
+                    first = bisect_left(self._owners, owner)  # (owners ascend)
+                    self.failures[owner] = _not_delivered(index - first, error, message)
+            self._remaining -= 1
+            last = self._remaining == 0
+        if last:
+            self._settled.append((self.run, self.failures))
 
 
 class Outputs:
@@ -114,8 +159,11 @@ class Outputs:
         self._stopping = threading.Event()
         #: Calls whose outputs are all settled, not yet posted (appended by any thread).
         self._settled: deque[Settled] = deque()
-        #: Controller thread: (call, first output not sent yet, outputs), in order.
-        self._backlog: deque[tuple[_Delivery, int, Sequence[ProducerRecord]]] = deque()
+        self._settled_runs: deque[SettledRun] = deque()
+        #: Controller thread: (call or run, first output not sent yet, outputs), in order.
+        self._backlog: deque[tuple[_Delivery | _RunDelivery, int, Sequence[ProducerRecord]]] = (
+            deque()
+        )
         self._full_since: float | None = None
         self._delivery_lock = threading.Lock()
         self._thread = threading.Thread(target=self._serve, name=f"{name}-producer", daemon=True)
@@ -146,6 +194,17 @@ class Outputs:
         else:
             self._produce(delivery, 0, outputs)
 
+    def send_run(self, run: int, outputs: Sequence[ProducerRecord], owners: Sequence[int]) -> None:
+        """Produce the outputs of a run's records (``owners[i]``: the index of the record that
+        returned output ``i``); once all are settled an OutputsDelivered event reports the
+        run, with the failures per record (as :meth:`send`)."""
+        delivery = _RunDelivery(run, owners, self._settled_runs, self._delivery_lock)
+        if self._backlog:
+            self._backlog.append((delivery, 0, outputs))
+            self.pump()
+        else:
+            self._produce(delivery, 0, outputs)
+
     @property
     def backlog(self) -> bool:
         """Outputs wait for room in the producer's queue."""
@@ -160,7 +219,9 @@ class Outputs:
                 return
         self._full_since = None
 
-    def _produce(self, delivery: _Delivery, start: int, outputs: Sequence[ProducerRecord]) -> bool:
+    def _produce(
+        self, delivery: _Delivery | _RunDelivery, start: int, outputs: Sequence[ProducerRecord]
+    ) -> bool:
         """Produce ``outputs[start:]``; False if the queue filled up (the rest went to the
         front of the backlog). A rejected output fails the rest of the call unsent."""
         produce = self._producer.produce
@@ -254,6 +315,7 @@ class Outputs:
         """Serve delivery reports; post the calls they settled, as one event per round."""
         poll = self._producer.poll
         settled = self._settled
+        settled_runs = self._settled_runs
         post = self._post
         stopping = self._stopping
         while not stopping.is_set():
@@ -268,11 +330,8 @@ class Outputs:
                 log.error("%s", reason)
                 post(ProducerFailed(reason))
                 return
-            if settled:
-                calls = []
-                while settled:
-                    calls.append(settled.popleft())
-                post(OutputsDelivered(tuple(calls)))
+            if settled or settled_runs:
+                post(OutputsDelivered(tuple(drain_left(settled)), tuple(drain_left(settled_runs))))
 
     def close(self, *, abort: bool) -> None:
         """Stop serving; wait for outputs still on their way (non-transactional), or abort the

@@ -13,6 +13,7 @@ from parallel_consumer._clock import Clock
 from parallel_consumer._events import CallResult, RunDone, WorkDone, WorkDoneMany
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.hooks import Hooks, NoHooks, active_hooks
+from parallel_consumer.produce import ProducerRecord, outputs_of
 from parallel_consumer.runners.base import CallCancelled, Handler, not_a_result
 from parallel_consumer.work.runs import Run, drain_left
 
@@ -293,6 +294,8 @@ class ThreadRunner:
         ok = 0
         error: BaseException | None = None
         stopped = False
+        outputs = run.outputs
+        keep = outputs.append if outputs is not None else None
         while True:
             if not self._open:
                 stopped = True
@@ -323,6 +326,16 @@ class ThreadRunner:
                 took = time.perf_counter() - t0
                 if not ok or took > slow_after or error is not None:
                     samples.append((ok, took))
+            if error is None and keep is not None:
+                # poll_and_produce: what the call returned goes to the producer (checked
+                # here, so that a wrong return value fails its record like a raise).
+                if type(value) is ProducerRecord or value is None:
+                    keep(value)
+                else:
+                    try:
+                        keep(outputs_of(value))
+                    except TypeError as exc:
+                        error = exc
             if error is not None:
                 break
             ok += 1

@@ -11,6 +11,7 @@ revokes or assigns partitions on the next ``consume()``.
 from __future__ import annotations
 
 import bisect
+import random
 import re
 import threading
 import time
@@ -459,6 +460,8 @@ class FakeProducer:
         self._lock = threading.Lock()
         self._reports: list[tuple[Callable[..., Any] | None, Any, Any]] = []
         self._fail_deliveries = 0
+        self._fail_rate = 0.0
+        self._fail_random = random.Random(0)
         self._transactional = "transactional.id" in config
         self._in_transaction = False
         self._offsets: list[tuple[str, list[TopicPartition]]] = []
@@ -493,6 +496,13 @@ class FakeProducer:
         with self._lock:
             self._fail_deliveries += count
 
+    def fail_deliveries_at_random(self, rate: float, seed: int = 0) -> None:
+        """From now on each produced record fails its delivery with probability ``rate``
+        (nothing written), drawn from a generator seeded with ``seed``."""
+        with self._lock:
+            self._fail_rate = rate
+            self._fail_random = random.Random(seed)
+
     def produce(
         self,
         topic: str,
@@ -508,8 +518,10 @@ class FakeProducer:
         if value is not None and len(value) > self._max_bytes:
             raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large"))
         with self._lock:
-            if self._fail_deliveries:
-                self._fail_deliveries -= 1
+            if self._fail_deliveries or (
+                self._fail_rate and self._fail_random.random() < self._fail_rate
+            ):
+                self._fail_deliveries = max(0, self._fail_deliveries - 1)
                 error = KafkaError(KafkaError._MSG_TIMED_OUT, "injected delivery failure")
                 message = Message(topic=topic, partition=max(partition, 0), key=key, value=value)
                 self._reports.append((on_delivery, error, message))

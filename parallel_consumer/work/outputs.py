@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from parallel_consumer.produce import ProducerRecord
 from parallel_consumer.work.inflight import Batch
 
-__all__ = ["Pending", "PendingOutputs", "TransactionGate"]
+__all__ = ["Pending", "PendingOutputs", "RunOutputs", "TransactionGate"]
 
 
 @dataclass(slots=True)
@@ -27,16 +28,56 @@ class Pending:
     errors: Sequence[BaseException | None] | None = None
 
 
-class PendingOutputs:
-    """Calls whose outputs are being delivered, and (transactional mode) calls whose outputs
-    wait for the gate to open."""
+class RunOutputs:
+    """The outputs of records a run finished (``poll_and_produce``, docs/performance.md#runs):
+    ``messages`` (consecutive records of the run, all succeeded) and, per output, the index
+    of the message that returned it (``owners``). The records finish once every output is
+    acknowledged. In KEY order the keys of ``messages`` are distinct, and each holds its lane
+    (ShardMap.hold) from the run's end until then: no other record of the key runs or
+    produces meanwhile, so a failed output can still be retried in order."""
 
-    __slots__ = ("delivering", "queued", "records")
+    __slots__ = ("epoch", "held", "id", "messages", "outputs", "owners", "tp")
+
+    def __init__(
+        self,
+        run_id: int,
+        tp: tuple[str, int],
+        epoch: int,
+        messages: list[Any],
+        outputs: list[ProducerRecord],
+        owners: list[int],
+        held: list[object] | None,
+    ) -> None:
+        self.id = run_id
+        self.tp = tp
+        self.epoch = epoch
+        self.messages = messages
+        self.outputs = outputs
+        self.owners = owners
+        #: The lanes it holds (KEY order), released when its outputs are settled.
+        self.held = held
+
+    def __repr__(self) -> str:
+        first = self.messages[0].offset() if self.messages else None
+        return (
+            f"<RunOutputs {self.id} {self.tp[0]}[{self.tp[1]}]@{first}+{len(self.messages)} "
+            f"outputs={len(self.outputs)}>"
+        )
+
+
+class PendingOutputs:
+    """Calls (and runs) whose outputs are being delivered, and (transactional mode) those whose
+    outputs wait for the gate to open."""
+
+    __slots__ = ("delivering", "queued", "queued_runs", "records", "runs")
 
     def __init__(self) -> None:
         self.delivering: dict[int, Pending] = {}
         self.queued: list[Pending] = []
-        #: Input records of both.
+        #: Runs' outputs being delivered, by run id, and waiting for the gate.
+        self.runs: dict[int, RunOutputs] = {}
+        self.queued_runs: list[RunOutputs] = []
+        #: Input records of all four.
         self.records = 0
 
     def queue(self, pending: Pending) -> None:
@@ -47,6 +88,30 @@ class PendingOutputs:
         out, self.queued = self.queued, []
         self.records -= sum(len(p.batch.items) for p in out)
         return out
+
+    def queue_run(self, outputs: RunOutputs) -> None:
+        self.queued_runs.append(outputs)
+        self.records += len(outputs.messages)
+
+    def take_queued_runs(self) -> list[RunOutputs]:
+        out, self.queued_runs = self.queued_runs, []
+        self.records -= sum(len(r.messages) for r in out)
+        return out
+
+    def sending_run(self, outputs: RunOutputs) -> None:
+        self.runs[outputs.id] = outputs
+        self.records += len(outputs.messages)
+
+    def run_delivered(self, run_id: int) -> RunOutputs | None:
+        outputs = self.runs.pop(run_id, None)
+        if outputs is not None:
+            self.records -= len(outputs.messages)
+        return outputs
+
+    @property
+    def in_delivery(self) -> bool:
+        """Outputs were sent and not all settled yet."""
+        return bool(self.delivering or self.runs)
 
     def sending(self, pending: Pending) -> None:
         self.delivering[pending.batch.id] = pending
@@ -59,14 +124,18 @@ class PendingOutputs:
         return pending
 
     def __iter__(self) -> Iterator[Pending]:
+        """The calls (not the runs)."""
         yield from self.delivering.values()
         yield from self.queued
 
     def __bool__(self) -> bool:
-        return bool(self.delivering or self.queued)
+        return bool(self.delivering or self.queued or self.runs or self.queued_runs)
 
     def __repr__(self) -> str:
-        return f"<PendingOutputs delivering={len(self.delivering)} queued={len(self.queued)}>"
+        return (
+            f"<PendingOutputs delivering={len(self.delivering)} queued={len(self.queued)} "
+            f"runs={len(self.runs)} queued_runs={len(self.queued_runs)}>"
+        )
 
 
 class TransactionGate:

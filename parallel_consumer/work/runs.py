@@ -62,6 +62,7 @@ class Run:
         "look_at",
         "look_done",
         "messages",
+        "outputs",
         "pending",
         "progress_at",
         "settled",
@@ -84,6 +85,9 @@ class Run:
         self.tp = tp
         self.epoch = epoch
         self.messages = messages
+        #: ``poll_and_produce``: what each call returned, as a ProducerRecord or a list of them
+        #: (appended by the worker before it counts the call in ``done``); None otherwise.
+        self.outputs: list[Any] | None = None
         self.pending: deque[Any] = deque(messages)
         #: Calls that succeeded, from the first (the worker's count).
         self.done = 0

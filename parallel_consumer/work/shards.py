@@ -77,6 +77,8 @@ class ShardMap:
         self._stale_running: dict[object, int] = {}
         #: Per partition: how many of its calls ``_stale_running`` counts.
         self._stale_by_tp: dict[TopicPartition, int] = {}
+        #: Per lane: holds of records whose outputs are on their way (see :meth:`hold`).
+        self._held: dict[object, int] = {}
         #: Records waiting for dispatch, per partition (the back-pressure input; records
         #: queued for runs count too, see count_waiting).
         self.waiting_by_tp: dict[TopicPartition, int] = {}
@@ -193,6 +195,43 @@ class ShardMap:
                 self._schedule(shard)
             elif not shard.busy:
                 self._drop(shard)
+
+    def hold(self, keys: list[object]) -> None:
+        """Lanes ``keys`` are busy until :meth:`release`, whether they exist now or are
+        created meanwhile, and whatever revokes happen: records of a run whose outputs are on
+        their way hold their lanes as a call in flight would (KEY order only)."""
+        if not self._ordered:
+            return
+        held = self._held
+        shards = self._shards
+        for key in keys:
+            held[key] = held.get(key, 0) + 1
+            shard = shards.get(key)
+            if shard is not None:
+                shard.busy += 1
+
+    def release(self, keys: list[object]) -> None:
+        """End holds taken by :meth:`hold`: the lanes' records may run again."""
+        if not self._ordered:
+            return
+        held = self._held
+        shards = self._shards
+        for key in keys:
+            count = held[key]
+            if count == 1:
+                del held[key]
+            else:
+                held[key] = count - 1
+            shard = shards.get(key)
+            if shard is not None:
+                shard.busy -= 1
+                if shard.queue:
+                    self._schedule(shard)
+                elif not shard.busy:
+                    self._drop(shard)
+
+    def is_held(self, key: object) -> bool:
+        return key in self._held
 
     # -- selection ----------------------------------------------------------------------------
 
@@ -397,6 +436,8 @@ class ShardMap:
         lanes[tp] = lanes.get(tp, 0) + 1
         if self._stale_running:
             shard.busy = self._stale_running.get(key, 0)
+        if self._held:
+            shard.busy += self._held.get(key, 0)
         return shard
 
     def _drop(self, shard: Shard) -> None:
