@@ -112,6 +112,48 @@ def test_every_input_has_its_output_in_key_order(
 
 
 @pytest.mark.kafka_requires("transactions", "accurate_high_watermark")
+@pytest.mark.parametrize("commit_mode", list(CommitMode), ids=lambda m: m.name.lower())
+@pytest.mark.parametrize("ordering", [ProcessingOrder.KEY, ProcessingOrder.UNORDERED])
+def test_runs_produce_every_output_once_in_key_order(
+    kafka: KafkaBroker,
+    topic: TopicFactory,
+    consumer_config: dict[str, Any],
+    engines: Engines,
+    ordering: ProcessingOrder,
+    commit_mode: CommitMode,
+) -> None:
+    # Given 20,000 inputs with 300 random keys over 3 partitions, and a pipeline without
+    # on_produced whose calls are short: its records go out in runs, whose outputs go to the
+    # producer together (docs/performance.md#runs)
+    seed = random.randrange(2**32)
+    print(f"\nseed {seed}")
+    rng = random.Random(seed)
+    records = 2 * RECORDS
+    source, sink = topic(len(PARTITIONS)), topic(len(PARTITIONS))
+    keys = [f"key-{rng.randrange(300)}" for _ in range(records)]
+    produce_records(kafka.bootstrap_servers, source, records, keys=keys)
+
+    def handle(ctx: PollContext) -> ProducerRecord:
+        return output_of(ctx, sink)
+
+    options = Options(ordering=ordering, max_concurrency=16, commit_mode=commit_mode)
+    pc = start(engines, consumer_config, options, source, handle)
+
+    # Then a read_committed reader sees every input's output exactly once, a key's outputs in
+    # its inputs' order, and runs carried records
+    _, stats = finish_and_read(
+        kafka.bootstrap_servers,
+        pc,
+        source,
+        sink,
+        PARTITIONS,
+        in_order=ordering is ProcessingOrder.KEY,
+    )
+    assert stats.outputs_acknowledged == records
+    assert stats.runs > 0
+
+
+@pytest.mark.kafka_requires("transactions", "accurate_high_watermark")
 @pytest.mark.parametrize("ordering", [ProcessingOrder.KEY, ProcessingOrder.UNORDERED])
 def test_batches_commit_their_outputs_in_transactions(
     kafka: KafkaBroker,
