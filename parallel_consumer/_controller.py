@@ -13,10 +13,12 @@ runner.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
@@ -623,7 +625,7 @@ class Controller:
             or tp in self._commits.blocked
             # (transactional: records that failed before an abort keep their attempts in the
             # lanes, see _recall_failures; runs start again once commits passed them)
-            or self._history
+            or (self._history and any(k[0] == tp for k in self._history))
         ):
             return fresh
         if shards.stale_held_in(tp) and not runs.busy(tp):
@@ -708,14 +710,16 @@ class Controller:
                 continue
             if len(self._in_flight) + self._workers_in_runs() >= limit:
                 break
-            epoch, messages = queued[tp]
-            most = self._distinct_keys(tp, messages, longest) if distinct else longest
+            epoch, waiting = queued[tp]
+            most = self._distinct_keys(tp, waiting, longest) if distinct else longest
             if not most:
                 continue  # its next record's key has outputs on their way: wait for them
-            del queued[tp]
-            if len(messages) > most:
-                queued[tp] = (epoch, messages[most:])
-                messages = messages[:most]
+            if len(waiting) > most:
+                popleft = waiting.popleft
+                messages = [popleft() for _ in range(most)]
+            else:
+                del queued[tp]
+                messages = list(waiting)
             run = runs.start(tp, epoch, messages, timed=timed)
             if self._produce_runs:
                 run.outputs = []
@@ -725,7 +729,7 @@ class Controller:
             self._chunks_out = True
         return self._workers_in_runs()
 
-    def _distinct_keys(self, tp: TopicPartition, messages: list[Any], most: int) -> int:
+    def _distinct_keys(self, tp: TopicPartition, messages: deque[Any], most: int) -> int:
         """How many of ``messages`` from the first may run as one run of poll_and_produce in
         KEY order: up to the first whose key has outputs on their way (held, see RunOutputs)
         or appears before it in the run. A run's records then produce for distinct keys, so
@@ -734,7 +738,7 @@ class Controller:
         is_held = self._shards.is_held
         seen: set[bytes | None] = set()
         add = seen.add
-        for index, message in enumerate(messages[:most]):
+        for index, message in enumerate(itertools.islice(messages, most)):
             key = message.key()
             if key in seen or is_held((topic, partition, key)):
                 return index
@@ -764,15 +768,19 @@ class Controller:
             index, batch_id = run.adopted
             self._adopted.pop(batch_id, None)
             value = None
+            partial = False
             if event.ok > index:
                 errors: tuple[BaseException | None] = (None,)
                 if run.outputs is not None:
                     value = run.outputs[index]
             elif event.error is not None:
                 errors = (event.error,)
+                if run.outputs is not None and len(run.outputs) > index:
+                    # It failed its record with PollContext.fail, and returned outputs
+                    value, partial = run.outputs[index], True
             else:
                 errors = (CallCancelled("the runner stopped before the call started"),)
-            self._work_done(batch_id, errors, value, event.finished_at, False)
+            self._work_done(batch_id, errors, value, event.finished_at, partial)
             return
         if run.detached:
             return
@@ -799,6 +807,12 @@ class Controller:
         item = self._item_of(tp, run.epoch, rest[0])
         self._shards.adopt(item)
         self._runs_to_lanes(tp, rest[1:])
+        if run.outputs is not None and len(run.outputs) > ok:
+            # The call failed its record with PollContext.fail and returned outputs: they are
+            # produced, and the failure applies once they are acknowledged, as for any call.
+            batch = self._in_flight.add((item,), self._clock.monotonic())
+            self._work_done(batch.id, (error,), run.outputs[ok], event.finished_at, True)
+            return
         self._failed(item, error, event.finished_at)
 
     def _settle_run(self, run: Run, state: PartitionState, upto: int) -> None:

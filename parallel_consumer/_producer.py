@@ -18,7 +18,7 @@ import enum
 import logging
 import threading
 import time
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -91,6 +91,10 @@ class _Delivery:
         self._lock = lock  # shared by all calls: contention is rare, a lock per call is not
         self._settled = settled
 
+    def call_span(self, index: int) -> tuple[int, int]:
+        """The outputs of the call that returned output ``index``: all of them."""
+        return 0, len(self.results)
+
     def report(self, index: int, error: Any, message: Any) -> None:
         # Runs on the producer thread (delivery reports) or the controller (a produce() that
         # failed at once).
@@ -127,6 +131,11 @@ class _RunDelivery:
         self._settled = settled
         self.failures: dict[int, BaseException] | None = None
 
+    def call_span(self, index: int) -> tuple[int, int]:
+        """The outputs of the call that returned output ``index`` (``owners`` ascend)."""
+        owner = self._owners[index]
+        return bisect_left(self._owners, owner), bisect_right(self._owners, owner)
+
     def report(self, index: int, error: Any, message: Any) -> None:
         with self._lock:
             if error is not None:
@@ -134,7 +143,7 @@ class _RunDelivery:
                     self.failures = {}
                 owner = self._owners[index]
                 if owner not in self.failures:
-                    first = bisect_left(self._owners, owner)  # (owners ascend)
+                    first = self.call_span(index)[0]
                     self.failures[owner] = _not_delivered(index - first, error, message)
             self._remaining -= 1
             last = self._remaining == 0
@@ -225,7 +234,8 @@ class Outputs:
         """Produce ``outputs[start:]``; False if the queue filled up (the rest went to the
         front of the backlog). A rejected output fails the rest of the call unsent."""
         produce = self._producer.produce
-        for index in range(start, len(outputs)):
+        index = start
+        while index < len(outputs):
             record = outputs[index]
             try:
                 produce(
@@ -242,13 +252,21 @@ class Outputs:
                 self._queue_full()
                 return False
             except (KafkaException, TypeError, ValueError) as exc:
+                # It fails its call; the call's other outputs not sent yet are not sent (a run
+                # goes on with the next call's).
+                first, end = delivery.call_span(index)
                 error = exc.args[0] if exc.args else exc
-                reason = f"output {index} to {record.topic} rejected: {error}"
+                reason = f"output {index - first} to {record.topic} rejected: {error}"
                 delivery.report(index, ProduceError(reason), None)
-                for rest in range(index + 1, len(outputs)):
-                    skipped = f"output {rest} not sent: output {index} of the call was rejected"
+                for rest in range(index + 1, end):
+                    skipped = (
+                        f"output {rest - first} not sent: output {index - first} of the call "
+                        "was rejected"
+                    )
                     delivery.report(rest, ProduceError(skipped), None)
-                return True
+                index = end
+                continue
+            index += 1
         return True
 
     def _queue_full(self) -> None:

@@ -320,22 +320,24 @@ class ThreadRunner:
             else:
                 if value is not None and (wrong := not_a_result(value)) is not None:
                     error = wrong
-                elif context._failed:  # has_failures, without a property call per record
-                    error = context.outcomes(None)[0]
+                else:
+                    if keep is not None:
+                        # poll_and_produce: what the call returned goes to the producer,
+                        # also for a record the call failed with PollContext.fail (checked
+                        # here: a wrong return value fails its record like a raise).
+                        if type(value) is ProducerRecord or value is None:
+                            keep(value)
+                        else:
+                            try:
+                                keep(outputs_of(value))
+                            except TypeError as exc:
+                                error = exc
+                    if error is None and context._failed:  # has_failures, without a call
+                        error = context.outcomes(None)[0]
             if slow_after is not None:
                 took = time.perf_counter() - t0
                 if not ok or took > slow_after or error is not None:
                     samples.append((ok, took))
-            if error is None and keep is not None:
-                # poll_and_produce: what the call returned goes to the producer (checked
-                # here, so that a wrong return value fails its record like a raise).
-                if type(value) is ProducerRecord or value is None:
-                    keep(value)
-                else:
-                    try:
-                        keep(outputs_of(value))
-                    except TypeError as exc:
-                        error = exc
             if error is not None:
                 break
             ok += 1

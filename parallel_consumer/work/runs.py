@@ -150,14 +150,15 @@ class Runs:
         #: Every run handed to the runner whose report has not come (detached ones too).
         self.out: dict[int, Run] = {}
         #: Per partition: (epoch, messages) polled for runs, not handed out yet.
-        self.queued: dict[TopicPartition, tuple[int, list[Any]]] = {}
+        #: (A deque: runs take from its left, as short as a run of distinct keys may be.)
+        self.queued: dict[TopicPartition, tuple[int, deque[Any]]] = {}
         #: Records of runs out, not settled and not taken back (``statistics().in_flight``).
         self.records_out = 0
 
     def queue(self, tp: TopicPartition, epoch: int, messages: list[Any]) -> None:
         queued = self.queued.get(tp)
         if queued is None or queued[0] != epoch:
-            self.queued[tp] = (epoch, list(messages))
+            self.queued[tp] = (epoch, deque(messages))
         else:
             queued[1].extend(messages)
 
@@ -199,7 +200,7 @@ class Runs:
         longer out."""
         self.records_out -= count
 
-    def take_queued(self, tp: TopicPartition) -> tuple[int, list[Any]] | None:
+    def take_queued(self, tp: TopicPartition) -> tuple[int, deque[Any]] | None:
         return self.queued.pop(tp, None)
 
     def queued_records(self) -> int:
