@@ -131,6 +131,16 @@ class ParallelConsumerContestant:
     def _producing_handler(row: Row, recorder: LogRecorder, output: str) -> Any:
         from parallel_consumer import ProducerRecord  # type: ignore[attr-defined, unused-ignore]
 
+        if row.work.kind == "noop" and row.batch_size == 1:
+            # Nothing to do and nothing to time (as _handler's no-op): the log, and the output.
+            add_one = recorder.add_one
+
+            def handle_noop(ctx: PollContext) -> Any:
+                r = ctx.record
+                add_one(r.partition, r.key, r.offset, 0.0)
+                return ProducerRecord(output, r.value, key=r.key)
+
+            return handle_noop
         work = sync_work(row.work)
 
         def handle(ctx: PollContext) -> list[Any]:
