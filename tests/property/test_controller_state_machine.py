@@ -47,6 +47,7 @@ from parallel_consumer.dead_letter import read_dead_letter
 from parallel_consumer.errors import ProduceError
 from parallel_consumer.offsets import decode_offset_map
 from parallel_consumer.options import Options, ProcessingOrder
+from parallel_consumer.produce import ProducerRecord
 from parallel_consumer.status import PollerStatistics
 from parallel_consumer.testing.clock import FakeClock
 from parallel_consumer.work.commits import CommitAnswer
@@ -152,7 +153,9 @@ class FakeChainRunner(FakeRunner):
 
 
 class FakeOutputs:
-    """The library's producer, for dead letters: sends wait until a rule settles them."""
+    """The library's producer: sends wait until a rule settles them. Dead letters, and (for
+    poll_and_produce) the outputs of calls and runs: each output's value names its record
+    (topic, partition, offset and the epoch the call ran in)."""
 
     transactional = False
     backlog = False
@@ -161,8 +164,36 @@ class FakeOutputs:
         self._epoch_of = epoch_of
         #: Dead letters sent and not yet settled: (batch id, (tp, offset), epoch when sent).
         self.sent: list[tuple[int, tuple[str, int], int, int | None]] = []
+        #: Outputs sent and not settled: (call id or None, run id or None, owners, records),
+        #: records per output as (tp, offset, epoch), owners[i] the record index of output i.
+        self.produced: list[tuple[int | None, int | None, list[int], list[Any]]] = []
+        #: Per lane: the record whose outputs are on their way (KEY and PARTITION).
+        self.lanes_out: dict[object, tuple[tuple[str, int], int]] = {}
+
+    def _sending(self, call: int | None, run: int | None, outputs: list[Any], owners: list[int]):
+        records = [decode_output(o.value) for o in outputs]
+        ordering = ControllerMachine.current_ordering
+        if ordering is not ProcessingOrder.UNORDERED:
+            mine: dict[object, tuple[tuple[str, int], int]] = {}
+            for (tp, offset, _), output in zip(records, outputs, strict=True):
+                lane = (*tp, output.key) if ordering is ProcessingOrder.KEY else tp
+                other = self.lanes_out.get(lane)
+                # One record per lane has outputs on their way: if they fail, it is retried
+                # before the lane's next record produces (whatever its partition's epoch).
+                assert other is None, f"{tp}@{offset} produces while {other} of {lane} does"
+                assert mine.setdefault(lane, (tp, offset)) == (tp, offset), (
+                    f"two records of {lane} produce together: {mine[lane]} and {offset}"
+                )
+            self.lanes_out.update(mine)
+        self.produced.append((call, run, owners, records))
+
+    def send_run(self, run: int, outputs: list[Any], owners: list[int]) -> None:
+        self._sending(None, run, list(outputs), list(owners))
 
     def send(self, batch: int, outputs: list[Any]) -> None:
+        if batch > 0:
+            self._sending(batch, None, list(outputs), [0] * len(outputs))
+            return
         [record] = outputs
         info = read_dead_letter(record.headers)
         assert info is not None
@@ -174,6 +205,15 @@ class FakeOutputs:
 
     def close(self, *, abort: bool) -> None:
         pass
+
+
+def encode_output(tp: tuple[str, int], offset: int, epoch: int | None) -> bytes:
+    return b"%s,%d,%d,%d" % (tp[0].encode(), tp[1], offset, -1 if epoch is None else epoch)
+
+
+def decode_output(value: bytes) -> tuple[tuple[str, int], int, int | None]:
+    topic, partition, offset, epoch = value.split(b",")
+    return (topic.decode(), int(partition)), int(offset), None if epoch == b"-1" else int(epoch)
 
 
 class FakePoller:
@@ -205,6 +245,9 @@ class ControllerMachine(RuleBasedStateMachine):
     chains = False
     #: The runner takes runs (for very short calls) too.
     runner_runs = True
+    #: A poll_and_produce handler: each successful call returns an output per record, and
+    #: a record is done once its outputs are acknowledged (rule settle_outputs).
+    produce = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -244,7 +287,7 @@ class ControllerMachine(RuleBasedStateMachine):
             lambda ctx: None,
             thread=False,
             outputs=self.outputs,  # type: ignore[arg-type]
-            produces=False,
+            produces=self.produce,
             dead_letters=DeadLetters(self.options, "g"),
         )
         if self.chains:
@@ -314,7 +357,7 @@ class ControllerMachine(RuleBasedStateMachine):
         done if it succeeded (a late result, of a call past its deadline, counts for nothing,
         whatever it says); returns the call's error."""
         if outcome == "ok":
-            if not self.overrun(batch):
+            if not self.overrun(batch) and not self.produce:
                 for tp, offset, _, epoch in records:
                     if self.epoch.get(tp) == epoch:
                         self.done[tp].add(offset)
@@ -368,8 +411,20 @@ class ControllerMachine(RuleBasedStateMachine):
         batch, records = self.runner.calls.pop(index % len(self.runner.calls))
         error = self.call_ended(batch, records, outcome)
         now = self.clock.monotonic()
-        self.controller.post(WorkDone(batch, (error,) * len(records), None, now, took=took))
+        value = self.value_of(records) if error is None else None
+        self.controller.post(WorkDone(batch, (error,) * len(records), value, now, took=took))
         self.step()
+
+    def value_of(self, records: list[Any]) -> Any:
+        """What a poll_and_produce handler returns for a call: an output per record."""
+        if not self.produce:
+            return None
+        return [
+            ProducerRecord(
+                "out", encode_output(tp, offset, epoch), key=lane[2] if len(lane) == 3 else None
+            )
+            for tp, offset, lane, epoch in records
+        ]
 
     @precondition(lambda self: len(self.runner.calls) >= 2)
     @rule(
@@ -384,13 +439,14 @@ class ControllerMachine(RuleBasedStateMachine):
         for position in range(min(count, len(self.runner.calls))):
             batch, records = self.runner.calls.pop(0)
             ok = position not in failing
-            if ok and not self.overrun(batch):
+            if ok and not self.overrun(batch) and not self.produce:
                 for tp, offset, _, epoch in records:
                     if self.epoch.get(tp) == epoch:
                         self.done[tp].add(offset)
             error = None if ok else RuntimeError("handler failed")
             now = self.clock.monotonic()
-            results.append((batch, (error,) * len(records), None, now, False))
+            value = self.value_of(records) if ok else None
+            results.append((batch, (error,) * len(records), value, now, False))
         self.controller.post(WorkDoneMany(results, 1e-6 if fast else 1.0))
         self.step()
 
@@ -412,8 +468,15 @@ class ControllerMachine(RuleBasedStateMachine):
             self._report_run(state, RuntimeError("handler failed"))
             return
         state[1] = None
+        if run.outputs is not None:
+            assert self.produce
+            run.outputs.append(
+                ProducerRecord(
+                    "out", encode_output(run.tp, current.offset(), epoch), key=current.key()
+                )
+            )
         run.done += 1
-        if self.epoch.get(run.tp) == epoch:
+        if self.epoch.get(run.tp) == epoch and not self.produce:
             self.done[run.tp].add(current.offset())
 
     def _report_run(self, state: list[Any], error: BaseException | None) -> None:
@@ -483,6 +546,39 @@ class ControllerMachine(RuleBasedStateMachine):
         result: Any = (0, 0) if ok else ProduceError("dead-letter topic unavailable")
         self.controller.post(OutputsDelivered(((batch, (result,)),)))
         self.step()
+
+    @precondition(lambda self: self.outputs.produced)
+    @rule(index=st.integers(min_value=0), failing=st.sets(st.integers(0, 5), max_size=2))
+    def settle_outputs(self, index: int, failing: set[int]) -> None:
+        """The broker acknowledges the outputs of a call or a run, but those of the records
+        numbered in ``failing`` (a call's records fail together); the records whose outputs
+        all arrived are done."""
+        produced = self.outputs.produced
+        call, run, owners, records = produced.pop(index % len(produced))
+        for (tp, offset, _), output_lane in zip(records, self._lanes(records), strict=True):
+            if self.outputs.lanes_out.get(output_lane) == (tp, offset):
+                del self.outputs.lanes_out[output_lane]
+        failed = {owner for owner in owners if owner in failing}
+        if call is not None and failed:
+            failed = set(owners)
+        for owner, (tp, offset, epoch) in zip(owners, records, strict=True):
+            if owner not in failed and self.epoch.get(tp) == epoch:
+                self.done[tp].add(offset)
+        error = ProduceError("not delivered")
+        if call is not None:
+            results = tuple(error if o in failed else (0, 0) for o in owners)
+            self.controller.post(OutputsDelivered(((call, results),)))
+        else:
+            failures = dict.fromkeys(failed, error) or None
+            self.controller.post(OutputsDelivered((), ((run, failures),)))
+        self.step()
+
+    def _lanes(self, records: list[Any]) -> list[object]:
+        lanes = []
+        for tp, offset, _ in records:
+            key = self.log[tp][offset] if offset < len(self.log[tp]) else None
+            lanes.append((*tp, key) if self.ordering is ProcessingOrder.KEY else tp)
+        return lanes
 
     @rule(tp=st.sampled_from(TPS))
     def revoke(self, tp: tuple[str, int]) -> None:
@@ -554,6 +650,8 @@ class ControllerMachine(RuleBasedStateMachine):
                 self.complete(0, "ok")
             elif self.outputs.sent:
                 self.settle_dead_letter(0, True)
+            elif self.outputs.produced:
+                self.settle_outputs(0, set())
             else:
                 self.clock.advance(1.0)
                 self.step()
@@ -564,6 +662,7 @@ class ControllerMachine(RuleBasedStateMachine):
                 and not self.runner.run_states
                 and not getattr(self.runner, "chains", None)
                 and not self.outputs.sent
+                and not self.outputs.produced
                 and stats.waiting == 0
                 and stats.retry_waiting == 0
                 and stats.delivering == 0
@@ -703,6 +802,26 @@ class PartitionMachineWithChains(ControllerMachine):
     chains = True
 
 
+class KeyMachineProducing(ControllerMachine):
+    """poll_and_produce: runs produce (RunOutputs) and calls produce; outputs fail at random."""
+
+    ordering = ProcessingOrder.KEY
+    batch_size = 1
+    produce = True
+
+
+class UnorderedMachineProducing(ControllerMachine):
+    ordering = ProcessingOrder.UNORDERED
+    batch_size = 1
+    produce = True
+
+
+class PartitionMachineProducing(ControllerMachine):
+    ordering = ProcessingOrder.PARTITION
+    batch_size = 1
+    produce = True
+
+
 _settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestKeyOrder = _settings(KeyMachine).TestCase
 TestPartitionOrder = _settings(PartitionMachine).TestCase
@@ -715,3 +834,6 @@ TestUnorderedWithRuns = _settings(UnorderedMachineWithRuns).TestCase
 TestKeyOrderWithChains = _settings(KeyMachineWithChains).TestCase
 TestKeyOrderWithChainsOnly = _settings(KeyMachineWithChainsOnly).TestCase
 TestPartitionOrderWithChains = _settings(PartitionMachineWithChains).TestCase
+TestKeyOrderProducing = _settings(KeyMachineProducing).TestCase
+TestUnorderedProducing = _settings(UnorderedMachineProducing).TestCase
+TestPartitionOrderProducing = _settings(PartitionMachineProducing).TestCase
