@@ -811,7 +811,9 @@ class Controller:
             # The call failed its record with PollContext.fail and returned outputs: they are
             # produced, and the failure applies once they are acknowledged, as for any call.
             batch = self._in_flight.add((item,), self._clock.monotonic())
-            self._work_done(batch.id, (error,), run.outputs[ok], event.finished_at, True)
+            self._work_done(
+                batch.id, (error,), run.outputs[ok], event.finished_at, True, sample=False
+            )
             return
         self._failed(item, error, event.finished_at)
 
@@ -1248,8 +1250,11 @@ class Controller:
         value: object,
         finished_at: float,
         partial: bool,
+        *,
+        sample: bool = True,
     ) -> None:
-        """A handler call ended (one ``WorkDone``, or one call of a chunk)."""
+        """A handler call ended (one ``WorkDone``, or one call of a chunk). ``sample``: False
+        for a call metrics saw already (a run's, see _sample_run)."""
         deadlines = self._deadlines
         if self._timeout is not None and deadlines.finished_late(batch_id, finished_at):
             # It ended after its deadline, before the controller noticed the deadline passed:
@@ -1277,7 +1282,7 @@ class Controller:
         if self._on_work_done is not None:
             self._on_work_done(batch.id, errors, finished_at - batch.started_at)
         sampling = self._sampling
-        if sampling is not None:
+        if sampling is not None and sample:
             self._sample(sampling, batch, errors, finished_at)
         if self._produces and (partial or not any(errors)):
             # Outputs belong to the call: a record it failed with PollContext.fail is retried

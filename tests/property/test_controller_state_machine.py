@@ -164,14 +164,20 @@ class FakeOutputs:
         self._epoch_of = epoch_of
         #: Dead letters sent and not yet settled: (batch id, (tp, offset), epoch when sent).
         self.sent: list[tuple[int, tuple[str, int], int, int | None]] = []
-        #: Outputs sent and not settled: (call id or None, run id or None, owners, records),
-        #: records per output as (tp, offset, epoch), owners[i] the record index of output i.
-        self.produced: list[tuple[int | None, int | None, list[int], list[Any]]] = []
+        #: Outputs sent and not settled: (call id or None, run id or None, owners, records,
+        #: failed): per output its record (tp, offset, epoch) and whether its call failed the
+        #: record with PollContext.fail (acknowledged, it is still not done); owners[i] the
+        #: record index of output i.
+        self.produced: list[tuple[int | None, int | None, list[int], list[Any], list[bool]]] = []
         #: Per lane: the record whose outputs are on their way (KEY and PARTITION).
         self.lanes_out: dict[object, tuple[tuple[str, int], int]] = {}
+        #: Records (tp, offset, epoch) that had the output of a call that failed them sent.
+        self.sent_failed: set[Any] = set()
 
     def _sending(self, call: int | None, run: int | None, outputs: list[Any], owners: list[int]):
         records = [decode_output(o.value) for o in outputs]
+        failed = [failed_call(o.value) for o in outputs]
+        self.sent_failed.update(r for r, f in zip(records, failed, strict=True) if f)
         ordering = ControllerMachine.current_ordering
         if ordering is not ProcessingOrder.UNORDERED:
             mine: dict[object, tuple[tuple[str, int], int]] = {}
@@ -185,7 +191,7 @@ class FakeOutputs:
                     f"two records of {lane} produce together: {mine[lane]} and {offset}"
                 )
             self.lanes_out.update(mine)
-        self.produced.append((call, run, owners, records))
+        self.produced.append((call, run, owners, records, failed))
 
     def send_run(self, run: int, outputs: list[Any], owners: list[int]) -> None:
         self._sending(None, run, list(outputs), list(owners))
@@ -207,13 +213,27 @@ class FakeOutputs:
         pass
 
 
-def encode_output(tp: tuple[str, int], offset: int, epoch: int | None) -> bytes:
-    return b"%s,%d,%d,%d" % (tp[0].encode(), tp[1], offset, -1 if epoch is None else epoch)
+def encode_output(
+    tp: tuple[str, int], offset: int, epoch: int | None, *, failed: bool = False
+) -> bytes:
+    """An output's value: its record, the epoch its call ran in, and whether the call failed
+    the record (PollContext.fail: the output is produced, the record is not done)."""
+    return b"%s,%d,%d,%d,%d" % (
+        tp[0].encode(),
+        tp[1],
+        offset,
+        -1 if epoch is None else epoch,
+        failed,
+    )
 
 
 def decode_output(value: bytes) -> tuple[tuple[str, int], int, int | None]:
-    topic, partition, offset, epoch = value.split(b",")
+    topic, partition, offset, epoch, _ = value.split(b",")
     return (topic.decode(), int(partition)), int(offset), None if epoch == b"-1" else int(epoch)
+
+
+def failed_call(value: bytes) -> bool:
+    return value.endswith(b",1")
 
 
 class FakePoller:
@@ -451,7 +471,10 @@ class ControllerMachine(RuleBasedStateMachine):
         self.step()
 
     @precondition(lambda self: self.runner.run_states)
-    @rule(index=st.integers(min_value=0), outcome=st.sampled_from(["ok", "ok", "fail"]))
+    @rule(
+        index=st.integers(min_value=0),
+        outcome=st.sampled_from(["ok", "ok", "fail"]),
+    )
     def run_call(self, index: int, outcome: str) -> None:
         """The worker of a run: it ends the call in progress (ok, or failed: then it reports
         the run), or starts the next call, or reports the run when nothing is left to start."""
@@ -478,6 +501,27 @@ class ControllerMachine(RuleBasedStateMachine):
         run.done += 1
         if self.epoch.get(run.tp) == epoch and not self.produce:
             self.done[run.tp].add(current.offset())
+
+    @precondition(
+        lambda self: self.produce and any(s[1] is not None for s in self.runner.run_states)
+    )
+    @rule(index=st.integers(min_value=0))
+    def run_call_fails_with_output(self, index: int) -> None:
+        """poll_and_produce: the call in progress of a run failed its record with
+        PollContext.fail and returned an output. The output is produced at once (no
+        transaction gate here), and the failure applies once it is acknowledged."""
+        states = [s for s in self.runner.run_states if s[1] is not None]
+        state = states[index % len(states)]
+        run, current, epoch = state
+        assert run.outputs is not None
+        value = encode_output(run.tp, current.offset(), epoch, failed=True)
+        run.outputs.append(ProducerRecord("out", value, key=current.key()))
+        self._report_run(state, RuntimeError("failed with PollContext.fail"))
+        if self.epoch.get(run.tp) == epoch:
+            owed = (run.tp, current.offset(), epoch)
+            assert owed in self.outputs.sent_failed, (
+                f"{owed}: the output of a call that failed its record was not sent"
+            )
 
     def _report_run(self, state: list[Any], error: BaseException | None) -> None:
         self.runner.run_states.remove(state)
@@ -554,15 +598,18 @@ class ControllerMachine(RuleBasedStateMachine):
         numbered in ``failing`` (a call's records fail together); the records whose outputs
         all arrived are done."""
         produced = self.outputs.produced
-        call, run, owners, records = produced.pop(index % len(produced))
+        call, run, owners, records, failed_calls = produced.pop(index % len(produced))
         for (tp, offset, _), output_lane in zip(records, self._lanes(records), strict=True):
             if self.outputs.lanes_out.get(output_lane) == (tp, offset):
                 del self.outputs.lanes_out[output_lane]
         failed = {owner for owner in owners if owner in failing}
         if call is not None and failed:
             failed = set(owners)
-        for owner, (tp, offset, epoch) in zip(owners, records, strict=True):
-            if owner not in failed and self.epoch.get(tp) == epoch:
+        for owner, record, failed_call_ in zip(owners, records, failed_calls, strict=True):
+            tp, offset, epoch = record
+            if owner in failed or failed_call_:
+                continue
+            if self.epoch.get(tp) == epoch:
                 self.done[tp].add(offset)
         error = ProduceError("not delivered")
         if call is not None:
@@ -834,6 +881,7 @@ TestUnorderedWithRuns = _settings(UnorderedMachineWithRuns).TestCase
 TestKeyOrderWithChains = _settings(KeyMachineWithChains).TestCase
 TestKeyOrderWithChainsOnly = _settings(KeyMachineWithChainsOnly).TestCase
 TestPartitionOrderWithChains = _settings(PartitionMachineWithChains).TestCase
-TestKeyOrderProducing = _settings(KeyMachineProducing).TestCase
-TestUnorderedProducing = _settings(UnorderedMachineProducing).TestCase
+_producing = settings(max_examples=300, stateful_step_count=50, deadline=None)
+TestKeyOrderProducing = _producing(KeyMachineProducing).TestCase
+TestUnorderedProducing = _producing(UnorderedMachineProducing).TestCase
 TestPartitionOrderProducing = _settings(PartitionMachineProducing).TestCase
