@@ -586,14 +586,12 @@ def test_ctx_fail_variants_in_runs_match_runs_off(
         f"{dict(FAILED_IN_RUNS)} ended in a fail() call that returned a value"
     )
     # the same again, runs off, on a fresh cluster
-    from conftest import Harness
-
     from parallel_consumer.testing.fakes import FakeCluster
 
     harness.close_all()
     monkeypatch.setattr(controller_module, "RUNS", False)
     other_cluster = FakeCluster()
-    other = Harness(other_cluster)
+    other = type(harness)(other_cluster)  # (not imported: conftest names collide)
     try:
         without = run_scenario(
             other, other_cluster, wait_until, ordering=ordering, transactional=transactional
