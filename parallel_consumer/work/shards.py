@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Mapping
+from typing import Any
 
 from parallel_consumer.options import ProcessingOrder
 from parallel_consumer.work.item import TopicPartition, WorkItem
@@ -31,6 +32,15 @@ def shard_key_for(ordering: ProcessingOrder, tp: TopicPartition, key: bytes | No
     if ordering is ProcessingOrder.KEY:
         return (tp[0], tp[1], key)
     return tp
+
+
+def _count_down(counts: dict[Any, int], key: object) -> None:
+    """One less of ``key`` in ``counts`` (which must hold it): gone at zero."""
+    count = counts[key]
+    if count == 1:
+        del counts[key]
+    else:
+        counts[key] = count - 1
 
 
 class Shard:
@@ -179,22 +189,9 @@ class ShardMap:
         count = self._stale_running.get(key)
         if count is None:
             return
-        if count == 1:
-            del self._stale_running[key]
-        else:
-            self._stale_running[key] = count - 1
-        by_tp = self._stale_by_tp.get(item.tp, 0)
-        if by_tp > 1:
-            self._stale_by_tp[item.tp] = by_tp - 1
-        else:
-            self._stale_by_tp.pop(item.tp, None)
-        shard = self._shards.get(key)
-        if shard is not None:
-            shard.busy -= 1
-            if shard.queue:
-                self._schedule(shard)
-            elif not shard.busy:
-                self._drop(shard)
+        _count_down(self._stale_running, key)
+        _count_down(self._stale_by_tp, item.tp)
+        self._hold_ended(key)
 
     def hold(self, keys: list[object]) -> None:
         """Lanes ``keys`` are busy until :meth:`release`, whether they exist now or are
@@ -215,20 +212,19 @@ class ShardMap:
         if not self._ordered:
             return
         held = self._held
-        shards = self._shards
         for key in keys:
-            count = held[key]
-            if count == 1:
-                del held[key]
-            else:
-                held[key] = count - 1
-            shard = shards.get(key)
-            if shard is not None:
-                shard.busy -= 1
-                if shard.queue:
-                    self._schedule(shard)
-                elif not shard.busy:
-                    self._drop(shard)
+            _count_down(held, key)
+            self._hold_ended(key)
+
+    def _hold_ended(self, key: object) -> None:
+        """A hold on lane ``key`` (a stale call, or outputs on their way) ended."""
+        shard = self._shards.get(key)
+        if shard is not None:
+            shard.busy -= 1
+            if shard.queue:
+                self._schedule(shard)
+            elif not shard.busy:
+                self._drop(shard)
 
     def is_held(self, key: object) -> bool:
         return key in self._held
