@@ -14,20 +14,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
+from produce_doubles import WARM_UP, outputs, produce_inputs
 
 from parallel_consumer import CommitMode, Options, PollContext, ProcessingOrder, ProducerRecord
-
-WARM_UP = 3_000
-
-
-def produce_inputs(cluster, start: int, end: int, keys: int, partitions: int) -> None:
-    with cluster._cond:
-        for i in range(start, end):
-            cluster.produce("t", b"%d" % i, key=b"k%d" % (i % keys), partition=i % partitions)
-
-
-def outputs(cluster) -> list:
-    return [m for p in cluster._logs["out"] for m in list(p)]
 
 
 def by_key(messages) -> dict[bytes, list[int]]:

@@ -15,7 +15,19 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Message
-from doubles import RunTaker, stepped_controller
+from doubles import stepped_controller
+from produce_doubles import (
+    TP,
+    WARM_UP,
+    FakeOutputs,
+    Taker,
+    engine,
+    messages,
+    new_runs,
+    out,
+    produce_inputs,
+    released,
+)
 
 import parallel_consumer._controller as controller_module
 from parallel_consumer import (
@@ -27,14 +39,12 @@ from parallel_consumer import (
     ProducerRecord,
     Skip,
 )
-from parallel_consumer._dead_letters import DeadLetters
 from parallel_consumer._events import (
     Assignment,
     OutputsDelivered,
     PartitionsAssigned,
     PartitionsRevoked,
     RecordsPolled,
-    Release,
     RunDone,
     WorkDone,
 )
@@ -42,47 +52,7 @@ from parallel_consumer._producer import Outputs
 from parallel_consumer.hooks import NoHooks
 from parallel_consumer.testing.clock import FakeClock
 
-WARM_UP = 3_000
-TP = ("t", 0)
-
-
 # -- stepped by hand: the test plays the worker and the producer ------------------------------
-
-
-class FakeOutputs:
-    transactional = False
-    backlog = False
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[int, list]] = []
-        self.runs: list[tuple[int, list, list]] = []
-
-    def send(self, batch, outputs) -> None:
-        self.calls.append((batch, list(outputs)))
-
-    def send_run(self, run, outputs, owners) -> None:
-        self.runs.append((run, list(outputs), list(owners)))
-
-    def pump(self) -> None:
-        pass
-
-    def close(self, *, abort: bool) -> None:
-        pass
-
-
-class Taker(RunTaker):
-    def __init__(self) -> None:
-        super().__init__()
-        self.singles: list[tuple[int, object]] = []
-
-    def submit(self, batch, context) -> None:
-        self.singles.append((batch, context))
-
-    def submit_chunk(self, calls) -> None:
-        self.singles.extend(calls)
-
-    def cancel(self, batch, error=None) -> None:
-        pass
 
 
 class CountingHooks(NoHooks):
@@ -100,46 +70,6 @@ class CountingHooks(NoHooks):
 
     def on_dead_letter(self, record, error, reason) -> None:
         self.seen["dead_letter", record.offset] += 1
-
-
-def messages(keys: str, start: int = 0) -> list:
-    return [
-        Message(topic="t", partition=0, offset=start + i, key=k.encode(), value=b"%d" % (start + i))
-        for i, k in enumerate(keys)
-    ]
-
-
-def out(message) -> ProducerRecord:
-    return ProducerRecord("out", message.value(), key=message.key())
-
-
-def engine(ordering=ProcessingOrder.KEY, hooks=None):
-    runner = Taker()
-    sent = FakeOutputs()
-    options = Options(ordering=ordering, commit_interval=60, retry_delay=0, dead_letter_topic="dlq")
-    controller = stepped_controller(
-        FakeClock(),
-        hooks,
-        options=options,
-        runner=runner,
-        outputs=sent,
-        dead_letters=DeadLetters(options, "g"),
-    )
-    controller._observe_service(1e-6)  # calls measured short: records go out in runs
-    controller.run_once(block=False)
-    return controller, runner, sent
-
-
-def new_runs(runner, seen: set) -> list:
-    found = [t for t in runner.taken if hasattr(t, "pending") and id(t) not in seen]
-    seen.update(id(t) for t in found)
-    return found
-
-
-def released(controller) -> int:
-    return controller._to_release + sum(
-        c.count for c in controller._poller.commands if isinstance(c, Release)
-    )
 
 
 def play(run, plan: list) -> tuple[int, BaseException | None]:
@@ -179,7 +109,7 @@ def test_ctx_fail_in_a_run_produces_then_fails_once(ordering, kind, returns):
     acknowledged (not before), exactly once; its lane stays busy meanwhile; credit and
     statistics add up."""
     hooks = CountingHooks()
-    controller, runner, sent = engine(ordering, hooks)
+    controller, runner, sent = engine(ordering, hooks, dead_letters=True)
     seen: set = set()
     msgs = messages("abc")
     controller.post(RecordsPolled({TP: (1, msgs)}))
@@ -265,7 +195,7 @@ def test_ctx_fail_in_a_run_then_revoke_and_reassign_before_its_outputs_are_ackno
     revoked and assigned again: the new epoch's b must wait for the old output (lane held as
     for a stale call), the old result is stale, credit comes back once."""
     hooks = CountingHooks()
-    controller, runner, sent = engine(ProcessingOrder.KEY, hooks)
+    controller, runner, sent = engine(ProcessingOrder.KEY, hooks, dead_letters=True)
     seen: set = set()
     msgs = messages("ab")
     controller.post(RecordsPolled({TP: (1, msgs)}))
@@ -302,7 +232,7 @@ def test_ctx_fail_in_a_detached_run_adopted_call():
     """The stuck check detached a run while b1 ran; b1 then fails its record with
     PollContext.fail and returns an output: produced once, failure after acknowledgement."""
     hooks = CountingHooks()
-    controller, runner, sent = engine(ProcessingOrder.KEY, hooks)
+    controller, runner, sent = engine(ProcessingOrder.KEY, hooks, dead_letters=True)
     seen: set = set()
     msgs = messages("abc")
     controller.post(RecordsPolled({TP: (1, msgs)}))
@@ -445,12 +375,6 @@ def test_produce_single_call_rejected_after_resuming_from_the_backlog():
 
 
 # -- the real thing on the fakes: runs on vs off ---------------------------------------------
-
-
-def produce_inputs(cluster, start: int, end: int, keys: int, partitions: int = 1) -> None:
-    with cluster._cond:
-        for i in range(start, end):
-            cluster.produce("t", b"%d" % i, key=b"k%d" % (i % keys), partition=i % partitions)
 
 
 def log_values(cluster, topic: str) -> list:

@@ -14,8 +14,17 @@ from collections import Counter
 from concurrent.futures import Future
 
 import pytest
-from confluent_kafka import Message
-from doubles import RunTaker, stepped_controller
+from produce_doubles import (
+    TP,
+    WARM_UP,
+    engine,
+    messages,
+    new_runs,
+    out,
+    outputs,
+    produce_inputs,
+    released,
+)
 
 from parallel_consumer import (
     CommitMode,
@@ -32,25 +41,10 @@ from parallel_consumer._events import (
     PartitionsAssigned,
     PartitionsRevoked,
     RecordsPolled,
-    Release,
     RunDone,
     WorkDone,
 )
 from parallel_consumer.produce import ProduceError
-from parallel_consumer.testing.clock import FakeClock
-
-WARM_UP = 3_000
-TP = ("t", 0)
-
-
-def produce_inputs(cluster, start: int, end: int, keys: int, partitions: int = 1) -> None:
-    with cluster._cond:
-        for i in range(start, end):
-            cluster.produce("t", b"%d" % i, key=b"k%d" % (i % keys), partition=i % partitions)
-
-
-def outputs(cluster) -> list:
-    return [m for p in cluster._logs["out"] for m in list(p)]
 
 
 def finished(pc) -> int:
@@ -128,68 +122,6 @@ def test_a_rejected_output_in_a_run_does_not_fail_the_other_records_of_the_run(
 # -- stepped by hand: the test plays the worker and the producer ------------------------------
 
 
-class FakeOutputs:
-    """Records what the controller sends; the test reports deliveries."""
-
-    transactional = False
-    backlog = False
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[int, list]] = []
-        self.runs: list[tuple[int, list, list]] = []
-
-    def send(self, batch, outputs) -> None:
-        self.calls.append((batch, list(outputs)))
-
-    def send_run(self, run, outputs, owners) -> None:
-        self.runs.append((run, list(outputs), list(owners)))
-
-    def pump(self) -> None:
-        pass
-
-    def close(self, *, abort: bool) -> None:
-        pass
-
-
-class Taker(RunTaker):
-    def __init__(self) -> None:
-        super().__init__()
-        self.singles: list[tuple[int, object]] = []
-
-    def submit(self, batch, context) -> None:
-        self.singles.append((batch, context))
-
-    def submit_chunk(self, calls) -> None:
-        self.singles.extend(calls)
-
-
-def messages(keys: str, start: int = 0) -> list:
-    return [
-        Message(topic="t", partition=0, offset=start + i, key=k.encode(), value=b"%d" % (start + i))
-        for i, k in enumerate(keys)
-    ]
-
-
-def out(message) -> ProducerRecord:
-    return ProducerRecord("out", message.value(), key=message.key())
-
-
-def engine(ordering=ProcessingOrder.KEY):
-    runner = Taker()
-    sent = FakeOutputs()
-    options = Options(ordering=ordering, commit_interval=60, retry_delay=0)
-    controller = stepped_controller(FakeClock(), options=options, runner=runner, outputs=sent)
-    controller._observe_service(1e-6)  # calls measured short: records go out in runs
-    controller.run_once(block=False)
-    return controller, runner, sent
-
-
-def new_runs(runner, seen: set) -> list:
-    found = [t for t in runner.taken if hasattr(t, "pending") and id(t) not in seen]
-    seen.update(id(t) for t in found)
-    return found
-
-
 def work(controller, run, calls: int | None = None, *, report: bool = True) -> None:
     """Play the worker: run ``calls`` records of ``run`` (all by default), each returning
     one output; report the run's end if ``report``."""
@@ -201,12 +133,6 @@ def work(controller, run, calls: int | None = None, *, report: bool = True) -> N
         run.done += 1
     if report:
         controller.post(RunDone(run, run.done, None, controller._clock.monotonic(), 1e-6))
-
-
-def released(controller) -> int:
-    return controller._to_release + sum(
-        c.count for c in controller._poller.commands if isinstance(c, Release)
-    )
 
 
 def test_revoke_and_reassign_while_run_outputs_are_on_their_way_keeps_holds_and_credit():
