@@ -48,8 +48,10 @@ class Run:
     Shared with the worker that runs it: ``pending`` (the messages not started: both sides
     take from its left with ``popleft``, which is atomic, so each message is started by the
     worker or taken back by the controller, never both), ``done`` (how many calls succeeded,
-    written only by the worker after each call), ``started`` and ``call_started`` (written by
-    the worker). Every other field belongs to the controller thread.
+    written only by the worker after each call), ``outputs`` (appended by the worker before it
+    counts the call in ``done``; the controller reads only entries below ``done``, or all once
+    the run reported), ``started`` and ``call_started`` (written by the worker). Every other
+    field belongs to the controller thread.
     """
 
     __slots__ = (
