@@ -201,6 +201,8 @@ class Controller:
         #: hop (adaptive dispatch; only runners with ``submit_chunk``, and no deadlines).
         self.chunk_size = 1
         self._chunks = False
+        #: The runner takes many calls at once (``submit_many``); decided in start().
+        self._submit_many = False
         #: When to look for stuck chunks next (time.monotonic(): it is about real threads).
         self._next_stuck_check = 0.0
         #: Chunks were handed to the runner since nothing was last in flight.
@@ -348,6 +350,8 @@ class Controller:
             and not self._produces
             and self._gate is None
         )
+        # A runner that takes many calls at once: one hand-over for a dispatch pass.
+        self._submit_many = callable(getattr(self._runner, "submit_many", None))
         if self._chains_on:
             slots = self._runner.capacity + self._runner.backlog
             self._chain_most = min(CHAIN_MOST, self._options.buffer_limit // (2 * slots))
@@ -1051,6 +1055,8 @@ class Controller:
         capacity = (self._call_limit() - runs_out) * chunk + self._chains.extra
         batch_size = self._options.batch_size
         submit = self._runner.submit
+        #: Calls of one record for a runner that takes many at once (submit_many), in order.
+        single: list[tuple[int, PollContext]] | None = [] if self._submit_many else None
         on_dispatch = self._on_dispatch
         timeout = self._timeout
         # Chains: calls not short enough for chunks, and not so long that one lane's next
@@ -1107,7 +1113,12 @@ class Controller:
             if chunk == 1:
                 if after:
                     capacity += len(after)
+                    if single:  # (the calls before it go first)
+                        self._runner.submit_many(single)  # type: ignore[attr-defined]
+                        single = []
                     self._submit_chain(batch.id, context, after, now)
+                elif single is not None:
+                    single.append((batch.id, context))
                 else:
                     submit(batch.id, context)
                 continue
@@ -1116,6 +1127,8 @@ class Controller:
                 self._runner.submit_chunk(calls)  # type: ignore[attr-defined]
                 self._chunks_out = True
                 calls = []
+        if single:
+            self._runner.submit_many(single)  # type: ignore[attr-defined]
         if calls:
             if len(calls) == 1:
                 submit(*calls[0])

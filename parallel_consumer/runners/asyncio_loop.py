@@ -15,14 +15,15 @@ import functools
 import inspect
 import logging
 import threading
+import types
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from parallel_consumer._clock import Clock
 from parallel_consumer._events import CallResult, WorkDone, WorkDoneMany
 from parallel_consumer.context import PollContext
 from parallel_consumer.errors import ConfigurationError
-from parallel_consumer.hooks import Hooks, NoHooks
+from parallel_consumer.hooks import Hooks, NoHooks, active_hooks
 from parallel_consumer.runners.base import CallCancelled, Handler, not_a_result
 
 __all__ = ["AsyncioRunner"]
@@ -39,7 +40,7 @@ LAG_WARNING = 0.5
 #: At most one blocked-loop warning per this many seconds.
 LAG_WARNING_EVERY = 60.0
 
-_Result = tuple[object, BaseException | None]
+_Coroutine = types.CoroutineType
 
 
 class AsyncioRunner:
@@ -70,6 +71,10 @@ class AsyncioRunner:
         self._clock = clock
         self._name = name
         self._hooks = hooks or NoHooks()
+        #: None for hooks nobody wrote (NoHooks): two calls per record saved on the loop.
+        active = active_hooks(self._hooks)
+        self._on_call_start = self._hooks.on_call_start if "on_call_start" in active else None
+        self._on_call_end = self._hooks.on_call_end if "on_call_end" in active else None
         self._lock = threading.Lock()
         self._queued: deque[tuple[int, PollContext]] = deque()  # guarded by _lock
         self._open = True  # guarded by _lock
@@ -79,7 +84,8 @@ class AsyncioRunner:
         self._handler: Handler | None = None
         self._done: Callable[[WorkDone], None] | None = None
         # -- loop thread only --
-        self._running: dict[int, asyncio.Task[_Result]] = {}
+        #: The task of each call in flight, with its context.
+        self._running: dict[int, tuple[asyncio.Task[None], PollContext]] = {}
         self._reasons: dict[int, BaseException] = {}
         #: Results of calls that ended in this pass of the loop, reported together at its end
         #: (:meth:`_report`): one event, one wake-up of the controller, for many calls.
@@ -105,12 +111,16 @@ class AsyncioRunner:
         ready.wait()
 
     def submit(self, batch: int, context: PollContext) -> None:
+        self.submit_many(((batch, context),))
+
+    def submit_many(self, calls: Iterable[tuple[int, PollContext]]) -> None:
+        """:meth:`submit` for each of ``calls``, in order, with one take of the lock."""
         with self._lock:
             if not self._open:
                 return
-            self._queued.append((batch, context))
+            self._queued.extend(calls)
             if self._wake_pending:
-                return  # the loop will take this one with the others: one wake-up per burst
+                return  # the loop will take these with the others: one wake-up per burst
             self._wake_pending = True
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._on_wake)
@@ -236,34 +246,70 @@ class AsyncioRunner:
             taken = [self._queued.popleft() for _ in range(min(room, len(self._queued)))]
         loop = self._loop
         assert loop is not None
-        assert self._handler is not None
-        handler = self._handler
-        hooks = self._hooks
+        create_task = loop.create_task
+        running = self._running
+        call = self._call
+        on_call_start = self._on_call_start
         for batch, context in taken:
-            hooks.on_call_start(batch, context)
-            if not self._open:  # stop() came while the hook ran: this call never starts
-                return
-            task = loop.create_task(_call(handler, context, self._is_open))
-            self._running[batch] = task
-            task.add_done_callback(functools.partial(self._finished, batch, context))
+            if on_call_start is not None:
+                on_call_start(batch, context)
+                if not self._open:  # stop() came while the hook ran: this call never starts
+                    return
+            running[batch] = (create_task(call(batch, context)), context)
 
-    def _is_open(self) -> bool:
-        return self._open
-
-    def _finished(self, batch: int, context: PollContext, task: asyncio.Task[_Result]) -> None:
-        self._running.pop(batch, None)
-        reason = self._reasons.pop(batch, None)
+    async def _call(self, batch: int, context: PollContext) -> None:
+        """One handler call, which reports its own outcome as it ends (no done callback: one
+        pass of the loop less per call). Only a cancellation of the call's own task propagates,
+        once reported; anything else is the call's outcome, even SystemExit or
+        KeyboardInterrupt, which would otherwise stop the whole loop. A task whose first step
+        comes after stop() (the loop was blocked meanwhile) never calls the handler; a task
+        cancelled before its first step never runs this body (:meth:`_cancel` reports it)."""
         value: object = None
-        error: BaseException | None
-        if task.cancelled():
-            error = reason if reason is not None else CallCancelled("handler call cancelled")
+        error: BaseException | None = None
+        if not self._open:
+            error = CallCancelled("the runner stopped before the call started")
         else:
             try:
-                value, error = task.result()
-            except BaseException as exc:  # GeneratorExit, which _call lets through
+                value = self._handler(context)  # type: ignore[misc]
+                if type(value) is _Coroutine or inspect.isawaitable(value):
+                    value = await value
+                elif (wrong := not_a_result(value)) is not None:
+                    value, error = None, wrong  # an async generator: nothing ran
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    reason = self._reasons.get(batch) or CallCancelled("handler call cancelled")
+                    self._end(batch, context, None, reason)
+                    raise
+                value, error = None, exc  # a cancellation of the handler's own making
+            except Exception as exc:
                 value, error = None, exc
-        self._hooks.on_call_end(batch, context, error)
-        partial = error is None and context.has_failures
+            except GeneratorExit as exc:
+                # The coroutine is being closed: a task that outlived its loop (there is no one
+                # to report to), or a handler that raised it (a failure like any other).
+                if not self._halted:
+                    self._end(batch, context, None, exc)
+                raise
+            except BaseException as exc:
+                log.error(
+                    "async handler raised %r for %r; treating it as a failure of the call",
+                    exc,
+                    context,
+                )
+                value, error = None, exc
+        self._end(batch, context, value, error)
+
+    def _end(
+        self, batch: int, context: PollContext, value: object, error: BaseException | None
+    ) -> None:
+        """Call ``batch`` ended: its outcome joins the next report, and a queued call starts."""
+        if self._running.pop(batch, None) is None:
+            return  # reported already
+        self._reasons.pop(batch, None)
+        on_call_end = self._on_call_end
+        if on_call_end is not None:
+            on_call_end(batch, context, error)
+        partial = error is None and bool(context._failed)  # has_failures, without a call
         results = self._results
         results.append((batch, context.outcomes(error), value, self._clock.monotonic(), partial))
         if self._halted:
@@ -271,13 +317,14 @@ class AsyncioRunner:
         elif len(results) == 1:
             assert self._loop is not None
             self._loop.call_soon(self._report)
-        if self._queued:
-            self._fill()
 
     def _report(self) -> None:
-        """Report the calls that ended since the last report: scheduled by the first of them,
-        it runs after the callbacks already due (the other tasks that ended meanwhile)."""
+        """Report the calls that ended since the last report, and start queued calls in their
+        place: scheduled by the first of them, it runs after the callbacks already due (the
+        other tasks that ended meanwhile), so one take of the lock serves them all."""
         results, self._results = self._results, []
+        if self._queued:
+            self._fill()
         if not results:
             return
         assert self._done is not None
@@ -287,16 +334,29 @@ class AsyncioRunner:
             # (service 0.0: not measured; only the thread runner's chunks measure it)
             self._done(WorkDoneMany(results, 0.0))  # type: ignore[arg-type]
 
-    def _cancel_task(self, batch: int, reason: BaseException) -> None:
-        task = self._running.get(batch)
-        if task is None or task.done():
+    def _cancel_task(self, batch: int, reason: BaseException | None) -> None:
+        """Cancel call ``batch``'s task if it still runs. A task that has not taken its first
+        step never runs :meth:`_call`'s body: a done callback reports it."""
+        entry = self._running.get(batch)
+        if entry is None or entry[0].done():
             return  # it ended meanwhile and reported its own outcome
-        self._reasons[batch] = reason
+        task, context = entry
+        if reason is not None:
+            self._reasons[batch] = reason
+        coro = task.get_coro()
+        if isinstance(coro, _Coroutine) and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+            why = reason or CallCancelled("handler call cancelled")
+            task.add_done_callback(functools.partial(self._unstarted_ended, batch, context, why))
         task.cancel()
+
+    def _unstarted_ended(
+        self, batch: int, context: PollContext, reason: BaseException, _: asyncio.Task[None]
+    ) -> None:
+        self._end(batch, context, None, reason)
 
     async def _wind_down(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for the running calls, then cancel the rest."""
-        tasks = list(self._running.values())
+        tasks = [task for task, _ in self._running.values()]
         if not tasks:
             return True
         _, pending = await asyncio.wait(tasks, timeout=max(0.0, timeout))
@@ -305,8 +365,8 @@ class AsyncioRunner:
         log.warning(
             "cancelling %d async handler calls still running after %.1fs", len(pending), timeout
         )
-        for task in pending:
-            task.cancel()
+        for batch in list(self._running):
+            self._cancel_task(batch, None)
         _, stuck = await asyncio.wait(pending, timeout=CANCEL_GRACE)
         if stuck:
             log.warning(
@@ -360,33 +420,3 @@ def _new_loop(factory: Callable[[], asyncio.AbstractEventLoop]) -> asyncio.Abstr
             "must make a new loop each time (the runner runs it in its own thread)"
         )
     return loop
-
-
-async def _call(handler: Handler, context: PollContext, is_open: Callable[[], bool]) -> _Result:
-    """One handler call: (value, None) or (None, error). Only a cancellation of the call's own
-    task propagates (the done callback reports it); everything else is the call's outcome, even
-    SystemExit or KeyboardInterrupt, which would otherwise stop the whole loop. A task whose
-    first step comes after stop() (the loop was blocked meanwhile) never calls the handler."""
-    if not is_open():
-        return None, CallCancelled("the runner stopped before the call started")
-    try:
-        result = handler(context)
-        if inspect.isawaitable(result):
-            result = await result
-        elif (wrong := not_a_result(result)) is not None:
-            return None, wrong  # an async generator: nothing ran
-        return result, None
-    except asyncio.CancelledError as exc:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise
-        return None, exc  # a cancellation of the handler's own making: a failure like any other
-    except Exception as exc:
-        return None, exc
-    except GeneratorExit:
-        raise  # the coroutine is being closed (a task that outlived its loop): let it go
-    except BaseException as exc:
-        log.error(
-            "async handler raised %r for %r; treating it as a failure of the call", exc, context
-        )
-        return None, exc

@@ -453,3 +453,44 @@ def test_uvloop_runs_the_calls(runners):
     done = results.take(200)
     assert {e.errors for e in done.values()} == {(None,)}
     assert {e.value for e in done.values()} == {"uvloop"}
+
+
+def test_a_task_cancelled_before_its_first_step_is_reported_once_without_running(runners):
+    # Given a loop blocked by call 1, with call 2 submitted behind it
+    ran = []
+    blocked = threading.Event()
+
+    async def handle(ctx: PollContext) -> None:
+        ran.append(ctx.offset)
+        if ctx.offset == 1:
+            blocked.set()
+            time.sleep(0.3)  # blocks the loop: what follows is queued behind it
+
+    results = start(runners, handle)
+    runner = runners[0]
+    runner.submit(1, context(1))
+    assert blocked.wait(5)
+    runner.submit(2, context(2))
+    # When the cancel of call 2 reaches the loop after its task was created and before the
+    # task's first step (its body never runs: only a done callback can report it)
+    assert runner._loop is not None
+    runner._loop.call_soon_threadsafe(runner._cancel_task, 2, TimeoutError("too late"))
+    # Then it is reported once, with that error, and the handler never ran for it
+    done = results.take(2)
+    assert done[1].errors == (None,)
+    assert isinstance(done[2].errors[0], TimeoutError)
+    time.sleep(0.05)
+    assert results.empty()
+    assert ran == [1]
+
+
+def test_submit_many_starts_the_calls_in_order(runners):
+    started = []
+
+    async def handle(ctx: PollContext) -> None:
+        started.append(ctx.offset)
+
+    results = start(runners, handle, capacity=1)
+    runners[0].submit_many([(i, context(i)) for i in range(1, 51)])
+    assert set(results.take(50)) == set(range(1, 51))
+    assert started == list(range(1, 51))
