@@ -85,7 +85,8 @@ class AsyncioRunner:
         self._done: Callable[[WorkDone], None] | None = None
         # -- loop thread only --
         #: The task of each call in flight, with its context.
-        self._running: dict[int, tuple[asyncio.Task[None], PollContext]] = {}
+        #: (None while its task is being created: an eager task may end inside create_task.)
+        self._running: dict[int, tuple[asyncio.Task[None] | None, PollContext]] = {}
         self._reasons: dict[int, BaseException] = {}
         #: Results of calls that ended in this pass of the loop, reported together at its end
         #: (:meth:`_report`): one event, one wake-up of the controller, for many calls.
@@ -199,6 +200,10 @@ class AsyncioRunner:
             try:
                 loop.run_until_complete(loop.shutdown_asyncgens())
             finally:
+                # Calls that never ended (one that ignored its cancellation past CANCEL_GRACE)
+                # end here: the loop that would have run them is gone.
+                for batch, (_, context) in list(self._running.items()):
+                    self._end(batch, context, None, CallCancelled("the runner stopped"))
                 self._report()  # calls that ended in the loop's last passes
                 blocking.shutdown(wait=False, cancel_futures=True)
                 asyncio.set_event_loop(None)
@@ -255,7 +260,10 @@ class AsyncioRunner:
                 on_call_start(batch, context)
                 if not self._open:  # stop() came while the hook ran: this call never starts
                     return
-            running[batch] = (create_task(call(batch, context)), context)
+            running[batch] = (None, context)
+            task = create_task(call(batch, context))
+            if batch in running:  # (an eager task that ended at once has reported already)
+                running[batch] = (task, context)
 
     async def _call(self, batch: int, context: PollContext) -> None:
         """One handler call, which reports its own outcome as it ends (no done callback: one
@@ -263,7 +271,8 @@ class AsyncioRunner:
         once reported; anything else is the call's outcome, even SystemExit or
         KeyboardInterrupt, which would otherwise stop the whole loop. A task whose first step
         comes after stop() (the loop was blocked meanwhile) never calls the handler; a task
-        cancelled before its first step never runs this body (:meth:`_cancel` reports it)."""
+        cancelled before its first step never runs this body (:meth:`_cancel_task` reports
+        it)."""
         value: object = None
         error: BaseException | None = None
         if not self._open:
@@ -286,9 +295,13 @@ class AsyncioRunner:
                 value, error = None, exc
             except GeneratorExit as exc:
                 # The coroutine is being closed: a task that outlived its loop (there is no one
-                # to report to), or a handler that raised it (a failure like any other).
+                # to report to), or a handler that raised it (a failure like any other). Either
+                # way it must go on: a coroutine may not swallow GeneratorExit.
                 if not self._halted:
                     self._end(batch, context, None, exc)
+                    task = asyncio.current_task()
+                    if task is not None:  # (its exception is reported: asyncio need not log it)
+                        task.add_done_callback(_retrieve)
                 raise
             except BaseException as exc:
                 log.error(
@@ -323,10 +336,14 @@ class AsyncioRunner:
         place: scheduled by the first of them, it runs after the callbacks already due (the
         other tasks that ended meanwhile), so one take of the lock serves them all."""
         results, self._results = self._results, []
-        if self._queued:
-            self._fill()
-        if not results:
-            return
+        try:
+            if self._queued:
+                self._fill()
+        finally:
+            if results:
+                self._send(results)
+
+    def _send(self, results: list[CallResult]) -> None:
         assert self._done is not None
         if len(results) == 1:
             self._done(WorkDone(*results[0]))
@@ -335,28 +352,24 @@ class AsyncioRunner:
             self._done(WorkDoneMany(results, 0.0))  # type: ignore[arg-type]
 
     def _cancel_task(self, batch: int, reason: BaseException | None) -> None:
-        """Cancel call ``batch``'s task if it still runs. A task that has not taken its first
-        step never runs :meth:`_call`'s body: a done callback reports it."""
-        entry = self._running.get(batch)
-        if entry is None or entry[0].done():
+        """Cancel call ``batch``'s task if it still runs. A task cancelled before its first step
+        never runs :meth:`_call`'s body, so a done callback reports the call too (with the
+        latest reason); whichever comes second finds the call reported and does nothing."""
+        task, context = self._running.get(batch, (None, None))
+        if task is None or context is None or task.done():
             return  # it ended meanwhile and reported its own outcome
-        task, context = entry
         if reason is not None:
             self._reasons[batch] = reason
-        coro = task.get_coro()
-        if isinstance(coro, _Coroutine) and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
-            why = reason or CallCancelled("handler call cancelled")
-            task.add_done_callback(functools.partial(self._unstarted_ended, batch, context, why))
+        task.add_done_callback(functools.partial(self._cancelled_ended, batch, context))
         task.cancel()
 
-    def _unstarted_ended(
-        self, batch: int, context: PollContext, reason: BaseException, _: asyncio.Task[None]
-    ) -> None:
+    def _cancelled_ended(self, batch: int, context: PollContext, _: asyncio.Task[None]) -> None:
+        reason = self._reasons.get(batch) or CallCancelled("handler call cancelled")
         self._end(batch, context, None, reason)
 
     async def _wind_down(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for the running calls, then cancel the rest."""
-        tasks = [task for task, _ in self._running.values()]
+        tasks = [task for task, _ in self._running.values() if task is not None]
         if not tasks:
             return True
         _, pending = await asyncio.wait(tasks, timeout=max(0.0, timeout))
@@ -420,3 +433,9 @@ def _new_loop(factory: Callable[[], asyncio.AbstractEventLoop]) -> asyncio.Abstr
             "must make a new loop each time (the runner runs it in its own thread)"
         )
     return loop
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """Mark the exception of ``task`` as seen (its call reported it as its failure)."""
+    if not task.cancelled():
+        task.exception()
