@@ -4,52 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
+from aio_doubles import Results, context, start
 from confluent_kafka import Message
 
 from parallel_consumer._clock import SystemClock
-from parallel_consumer._events import WorkDone, WorkDoneMany
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.runners import AsyncioRunner, CallCancelled
-
-
-def context(offset: int) -> PollContext:
-    message = Message(topic="t", partition=0, offset=offset, key=b"k", value=b"v")
-    return PollContext([RecordContext(message)])
-
-
-class Results:
-    """The ``done`` callback: collects the calls' results from the loop thread (a
-    ``WorkDoneMany`` reports the calls that ended in one pass of the loop)."""
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[WorkDone] = queue.SimpleQueue()
-        self.events = 0
-
-    def __call__(self, event: WorkDone | WorkDoneMany) -> None:
-        self.events += 1
-        if isinstance(event, WorkDoneMany):
-            for call in event.calls:
-                self._queue.put(WorkDone(*call))
-        else:
-            self._queue.put(event)
-
-    def take(self, count: int, timeout: float = 10.0) -> dict[int, WorkDone]:
-        deadline = time.monotonic() + timeout
-        out: dict[int, WorkDone] = {}
-        while len(out) < count:
-            event = self._queue.get(timeout=max(0.01, deadline - time.monotonic()))
-            assert event.batch not in out, f"call {event.batch} reported twice"
-            out[event.batch] = event
-        return out
-
-    def empty(self) -> bool:
-        return self._queue.empty()
 
 
 @pytest.fixture
@@ -58,14 +23,6 @@ def runners() -> Iterator[list[AsyncioRunner]]:
     yield started
     for runner in started:
         runner.stop(0.0)
-
-
-def start(runners: list[AsyncioRunner], handler: object, capacity: int = 100) -> Results:
-    results = Results()
-    runner = AsyncioRunner(capacity, SystemClock(), name="test")
-    runner.start(handler, results)  # type: ignore[arg-type]
-    runners.append(runner)
-    return results
 
 
 def test_calls_report_the_awaited_value(runners):

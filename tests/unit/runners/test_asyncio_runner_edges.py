@@ -7,47 +7,17 @@ from __future__ import annotations
 import asyncio
 import collections.abc
 import gc
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Message
+from aio_doubles import context, on_loop, start
 
-from parallel_consumer._clock import SystemClock
-from parallel_consumer._events import WorkDone, WorkDoneMany
-from parallel_consumer.context import PollContext, RecordContext
+from parallel_consumer.context import PollContext
 from parallel_consumer.hooks import NoHooks
 from parallel_consumer.runners import AsyncioRunner, CallCancelled
-
-
-def context(offset: int) -> PollContext:
-    message = Message(topic="t", partition=0, offset=offset, key=b"k", value=b"v")
-    return PollContext([RecordContext(message)])
-
-
-class Results:
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[WorkDone] = queue.SimpleQueue()
-
-    def __call__(self, event: WorkDone | WorkDoneMany) -> None:
-        calls = [WorkDone(*c) for c in event.calls] if isinstance(event, WorkDoneMany) else [event]
-        for call in calls:
-            self._queue.put(call)
-
-    def take(self, count: int, timeout: float = 5.0) -> dict[int, WorkDone]:
-        deadline = time.monotonic() + timeout
-        out: dict[int, WorkDone] = {}
-        while len(out) < count:
-            event = self._queue.get(timeout=max(0.01, deadline - time.monotonic()))
-            assert event.batch not in out, f"call {event.batch} reported twice"
-            out[event.batch] = event
-        return out
-
-    def empty(self) -> bool:
-        return self._queue.empty()
 
 
 @pytest.fixture
@@ -56,28 +26,6 @@ def runners() -> Iterator[list[AsyncioRunner]]:
     yield made
     for runner in made:
         runner.stop(0.0)
-
-
-def start(
-    runners: list[AsyncioRunner],
-    handler: object,
-    *,
-    capacity: int = 100,
-    hooks: NoHooks | None = None,
-    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
-) -> tuple[AsyncioRunner, Results]:
-    results = Results()
-    runner = AsyncioRunner(
-        capacity, SystemClock(), name="edge", hooks=hooks, loop_factory=loop_factory
-    )
-    runner.start(handler, results)  # type: ignore[arg-type]
-    runners.append(runner)
-    return runner, results
-
-
-def on_loop(runner: AsyncioRunner, fn: Callable[..., object], *args: object) -> None:
-    assert runner._loop is not None
-    runner._loop.call_soon_threadsafe(fn, *args)
 
 
 def eager_loop() -> asyncio.AbstractEventLoop:
@@ -116,7 +64,8 @@ def test_calls_that_end_in_their_first_step_of_an_eager_task_are_reported(runner
     async def handle(ctx: PollContext) -> int:
         return ctx.offset
 
-    runner, results = start(runners, handle, capacity=2, loop_factory=eager_loop)
+    results = start(runners, handle, capacity=2, loop_factory=eager_loop)
+    runner = runners[-1]
     # When more calls than the capacity come
     for i in range(1, 6):
         runner.submit(i, context(i))
@@ -160,7 +109,8 @@ def test_a_cancel_before_the_first_step_reports_the_latest_reason_once(runners, 
             time.sleep(0.3)
         await asyncio.sleep(10)
 
-    runner, results = start(runners, handle, capacity=5, loop_factory=factory)
+    results = start(runners, handle, capacity=5, loop_factory=factory)
+    runner = runners[-1]
     runner.submit(1, context(1))
     assert blocked.wait(5)
     runner.submit(2, context(2))
@@ -183,7 +133,8 @@ def test_generator_exit_from_a_handler_is_its_failure_and_asyncio_logs_nothing(r
     async def handle(ctx: PollContext) -> None:
         raise GeneratorExit
 
-    runner, results = start(runners, handle)
+    results = start(runners, handle)
+    runner = runners[-1]
     errors: list[str] = []
     assert runner._loop is not None
     on_loop(runner, runner._loop.set_exception_handler, lambda loop, c: errors.append(c["message"]))
@@ -206,7 +157,8 @@ def test_a_hook_that_raises_when_a_call_starts_loses_no_report_of_calls_that_end
     async def handle(ctx: PollContext) -> None:
         await asyncio.sleep(0)
 
-    runner, results = start(runners, handle, capacity=1, hooks=Raising())
+    results = start(runners, handle, capacity=1, hooks=Raising())
+    runner = runners[-1]
     for i in (1, 2, 3):
         runner.submit(i, context(i))
     assert set(results.take(2, 2)) == {1, 2}
@@ -228,7 +180,8 @@ def test_a_call_that_ignores_its_cancellation_past_the_grace_is_reported_when_th
             except asyncio.CancelledError:
                 continue  # ignores every cancellation
 
-    runner, results = start(runners, handle)
+    results = start(runners, handle)
+    runner = runners[-1]
     runner.submit(1, context(1))
     assert entered.wait(5)
     assert runner.stop(0.1) is False

@@ -1,0 +1,76 @@
+"""What the asyncio runner's tests share: a record's context, the ``done`` callback that
+collects results, and starting a runner (stopped by each module's ``runners`` fixture)."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import time
+from collections.abc import Callable
+
+from confluent_kafka import Message
+
+from parallel_consumer._clock import SystemClock
+from parallel_consumer._events import WorkDone, WorkDoneMany
+from parallel_consumer.context import PollContext, RecordContext
+from parallel_consumer.hooks import NoHooks
+from parallel_consumer.runners import AsyncioRunner
+
+
+def context(offset: int) -> PollContext:
+    message = Message(topic="t", partition=0, offset=offset, key=b"k", value=b"v")
+    return PollContext([RecordContext(message)])
+
+
+class Results:
+    """The ``done`` callback: collects the calls' results from the loop thread (a
+    ``WorkDoneMany`` reports the calls that ended in one pass of the loop)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[WorkDone] = queue.SimpleQueue()
+        self.events = 0
+
+    def __call__(self, event: WorkDone | WorkDoneMany) -> None:
+        self.events += 1
+        if isinstance(event, WorkDoneMany):
+            for call in event.calls:
+                self._queue.put(WorkDone(*call))
+        else:
+            self._queue.put(event)
+
+    def take(self, count: int, timeout: float = 10.0) -> dict[int, WorkDone]:
+        deadline = time.monotonic() + timeout
+        out: dict[int, WorkDone] = {}
+        while len(out) < count:
+            event = self._queue.get(timeout=max(0.01, deadline - time.monotonic()))
+            assert event.batch not in out, f"call {event.batch} reported twice"
+            out[event.batch] = event
+        return out
+
+    def empty(self) -> bool:
+        return self._queue.empty()
+
+
+def start(
+    runners: list[AsyncioRunner],
+    handler: object,
+    capacity: int = 100,
+    *,
+    hooks: NoHooks | None = None,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+) -> Results:
+    """Start a runner of ``handler`` (it joins ``runners``, the last one) and collect its
+    results."""
+    results = Results()
+    runner = AsyncioRunner(
+        capacity, SystemClock(), name="test", hooks=hooks, loop_factory=loop_factory
+    )
+    runner.start(handler, results)  # type: ignore[arg-type]
+    runners.append(runner)
+    return results
+
+
+def on_loop(runner: AsyncioRunner, fn: Callable[..., object], *args: object) -> None:
+    """Run ``fn(*args)`` on the runner's loop thread, after what is already scheduled there."""
+    assert runner._loop is not None
+    runner._loop.call_soon_threadsafe(fn, *args)
