@@ -1055,8 +1055,8 @@ class Controller:
         capacity = (self._call_limit() - runs_out) * chunk + self._chains.extra
         batch_size = self._options.batch_size
         submit = self._runner.submit
-        #: Single calls (not chunks or chains) for a runner that takes many at once
-        #: (submit_many), in order.
+        # Single calls (not chunks or chains) for a runner that takes many at once
+        # (submit_many), in order.
         single: list[tuple[int, PollContext]] | None = [] if self._submit_many else None
         on_dispatch = self._on_dispatch
         timeout = self._timeout

@@ -315,7 +315,8 @@ class AsyncioRunner:
     def _end(
         self, batch: int, context: PollContext, value: object, error: BaseException | None
     ) -> None:
-        """Call ``batch`` ended: its outcome joins the next report, and a queued call starts."""
+        """Call ``batch`` ended: its outcome joins the next report (which also starts queued
+        calls in the room it leaves); a second report of the same call does nothing."""
         if self._running.pop(batch, None) is None:
             return  # reported already
         self._reasons.pop(batch, None)
