@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import threading
 import time
 from collections.abc import Callable
 
@@ -74,3 +75,21 @@ def on_loop(runner: AsyncioRunner, fn: Callable[..., object], *args: object) -> 
     """Run ``fn(*args)`` on the runner's loop thread, after what is already scheduled there."""
     assert runner._loop is not None
     runner._loop.call_soon_threadsafe(fn, *args)
+
+
+def settled(runner: AsyncioRunner, passes: int = 3, timeout: float = 5.0) -> bool:
+    """Wait until the runner's loop has run ``passes`` more passes: whatever the calls that
+    ended before had scheduled (done callbacks, reports) has run by then. For checks that
+    something did *not* happen, instead of sleeping for a while."""
+    done = threading.Event()
+    assert runner._loop is not None
+    loop = runner._loop
+
+    def step(left: int) -> None:
+        if left:
+            loop.call_soon(step, left - 1)
+        else:
+            done.set()
+
+    loop.call_soon_threadsafe(step, passes)
+    return done.wait(timeout)

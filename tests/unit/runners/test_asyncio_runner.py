@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from aio_doubles import Results, context, start
+from aio_doubles import Results, context, settled, start
 from confluent_kafka import Message
 
 from parallel_consumer._clock import SystemClock
@@ -436,7 +436,7 @@ def test_a_task_cancelled_before_its_first_step_is_reported_once_without_running
     done = results.take(2)
     assert done[1].errors == (None,)
     assert isinstance(done[2].errors[0], TimeoutError)
-    time.sleep(0.05)
+    assert settled(runner)
     assert results.empty()
     assert ran == [1]
 

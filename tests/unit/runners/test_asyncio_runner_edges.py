@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from aio_doubles import context, on_loop, start
+from aio_doubles import context, on_loop, settled, start
 
 from parallel_consumer.context import PollContext
 from parallel_consumer.hooks import NoHooks
@@ -124,7 +124,7 @@ def test_a_cancel_before_the_first_step_reports_the_latest_reason_once(runners, 
     done = results.take(2)
     assert str(done[1].errors[0]) == "second"
     assert str(done[2].errors[0]) == "second"
-    time.sleep(0.05)
+    assert settled(runner)
     assert results.empty()
     assert ran == [1]
 
@@ -143,7 +143,7 @@ def test_generator_exit_from_a_handler_is_its_failure_and_asyncio_logs_nothing(r
     collected = threading.Event()
     on_loop(runner, lambda: (gc.collect(), collected.set()))
     assert collected.wait(2)
-    time.sleep(0.05)
+    assert settled(runner)
     assert errors == []
 
 
