@@ -79,7 +79,7 @@ from parallel_consumer.retry import RetryQueue
 from parallel_consumer.runners.base import CallCancelled, Handler, Runner
 from parallel_consumer.status import Lifecycle, PollerStatistics, Statistics, assemble_statistics
 from parallel_consumer.work.backpressure import Pauses
-from parallel_consumer.work.chains import Chains
+from parallel_consumer.work.chains import Bundles, Chains
 from parallel_consumer.work.commits import CommitAnswer, CommitTracker, OffsetCommit
 from parallel_consumer.work.counters import Counters
 from parallel_consumer.work.credit import credit_chunk
@@ -149,6 +149,17 @@ CHAIN_MOST = 16
 #: when its total work allows, not when its longest lane does. (With many more lanes than
 #: workers, each lane is short and the order matters little.)
 LONGEST_FIRST_LANES = 8
+#: Bundles (docs/performance.md#bundles): while calls are too long for chunks and far more
+#: records are ready than the workers can start (at least BUNDLE_READY times as many as a
+#: bundle for every call slot), a worker gets a few calls of different lanes at once, run one
+#: after another: the controller hands out and settles them with one hop each way instead of
+#: one per call, which at a hundred workers and calls of milliseconds is most of its work. A
+#: bundle holds at most BUNDLE_MOST calls and BUNDLE_SECONDS of them, so that it does not
+#: count as stuck for being a bundle.
+BUNDLES = True
+BUNDLE_MOST = 4
+BUNDLE_SECONDS = 0.75 * STUCK_AFTER
+BUNDLE_READY = 2
 
 
 class PollerPort(Protocol):
@@ -217,6 +228,11 @@ class Controller:
         self._chains = Chains()
         self._chains_on = False
         self._chain_most = CHAIN_MOST
+        #: Bundles out (BUNDLES), counted like chains: one worker each.
+        self._bundles = Bundles()
+        self._bundles_on = False
+        self._bundle_most = BUNDLE_MOST
+        self._bundle_ready = BUNDLE_READY
         #: on_stall=DEAD_LETTER: records whose young call was given its chance once already.
         self._stall_chances: set[tuple[TopicPartition, int]] = set()
         self._inbox: queue.SimpleQueue[ControllerEvent] = queue.SimpleQueue()
@@ -352,10 +368,14 @@ class Controller:
         )
         # A runner that takes many calls at once: one hand-over for a dispatch pass.
         self._submit_many = callable(getattr(self._runner, "submit_many", None))
+        slots = self._runner.capacity + self._runner.backlog
         if self._chains_on:
-            slots = self._runner.capacity + self._runner.backlog
             self._chain_most = min(CHAIN_MOST, self._options.buffer_limit // (2 * slots))
             self._chains_on = self._chain_most > 1
+        # Bundles: calls of different lanes behind one another on one worker, as chunks are.
+        # They hold credit until they report, as chains do.
+        self._bundle_most = min(BUNDLE_MOST, self._options.buffer_limit // (2 * slots))
+        self._bundles_on = BUNDLES and self._chunks and self._bundle_most > 1
         self._runner.start(handler, self.post)
         self.lifecycle = Lifecycle.RUNNING
         self._next_commit = self._clock.monotonic() + self._options.commit_every
@@ -533,6 +553,9 @@ class Controller:
         if isinstance(event, WorkDone):
             if event.took:
                 self._observe_service(event.took)
+            if self._bundles:
+                # (a call of a stuck bundle that another worker ran: it reports alone)
+                self._bundles.over(event.batch)
             self._work_done(
                 event.batch, event.errors, event.value, event.finished_at, event.partial
             )
@@ -1052,7 +1075,8 @@ class Controller:
         blocked = self._commits.blocked
         in_flight = self._in_flight
         chunk = self.chunk_size
-        capacity = (self._call_limit() - runs_out) * chunk + self._chains.extra
+        limit = self._call_limit() - runs_out
+        capacity = limit * chunk + self._chains.extra + self._bundles.extra
         batch_size = self._options.batch_size
         submit = self._runner.submit
         # Single calls (not chunks or chains) for a runner that takes many at once
@@ -1071,6 +1095,11 @@ class Controller:
                     # Calls of milliseconds over few lanes for the workers, where the longest
                     # lane sets the end of a burst: serve the longest lanes first.
                     take = self._shards.take_longest
+        # Bundles: calls too long for chunks, and many more records ready than the workers
+        # can start (see BUNDLES).
+        bundle = self._bundle_size(limit) if chunk == 1 and self._bundles_on else 1
+        bundled: list[tuple[int, PollContext]] = []
+        bundled_tps: list[TopicPartition] = []
         calls: list[tuple[int, PollContext]] = []
         while len(in_flight) < capacity:
             if batch_size == 1 and timeout is None:
@@ -1118,6 +1147,15 @@ class Controller:
                         self._runner.submit_many(single)  # type: ignore[attr-defined]
                         single = []
                     self._submit_chain(batch.id, context, after, now)
+                elif bundle > 1:
+                    if not bundled:
+                        capacity += bundle - 1  # (a bundle holds one worker)
+                    bundled.append((batch.id, context))
+                    bundled_tps.append(batch.items[0].tp)
+                    if len(bundled) == bundle:
+                        self._submit_bundle(bundled, bundled_tps)
+                        bundled = []
+                        bundled_tps = []
                 elif single is not None:
                     single.append((batch.id, context))
                 else:
@@ -1128,6 +1166,14 @@ class Controller:
                 self._runner.submit_chunk(calls)  # type: ignore[attr-defined]
                 self._chunks_out = True
                 calls = []
+        if len(bundled) == 1:
+            bundle = 1
+            if single is not None:
+                single.extend(bundled)
+            else:
+                submit(*bundled[0])
+        elif bundled:
+            self._submit_bundle(bundled, bundled_tps)
         if single:
             self._runner.submit_many(single)  # type: ignore[attr-defined]
         if calls:
@@ -1136,6 +1182,32 @@ class Controller:
             else:
                 self._runner.submit_chunk(calls)  # type: ignore[attr-defined]
                 self._chunks_out = True
+
+    def _bundle_size(self, limit: int) -> int:
+        """Calls per bundle in this dispatch pass: 1 (no bundles) unless two or more calls
+        fit in BUNDLE_SECONDS and the records ready to start are at least BUNDLE_READY times
+        what full bundles for every call slot hold. A worker then seldom waits idle while its
+        next call sits in another worker's bundle; the last records of a burst go out one by
+        one."""
+        service = self._service_time.value
+        if not service or service < THREAD_HOP or limit <= 0:
+            return 1  # (calls short enough for chunks, or not measured yet)
+        most = min(self._bundle_most, int(BUNDLE_SECONDS / service))
+        if most < 2:
+            return 1
+        ready = self._shards.ready_count() // self._options.batch_size
+        return max(1, min(most, ready // (self._bundle_ready * limit)))
+
+    def _submit_bundle(
+        self, calls: list[tuple[int, PollContext]], tps: list[TopicPartition]
+    ) -> None:
+        """Calls of different lanes, run one after another on one worker (a chunk: see
+        ``ThreadRunner.submit_chunk``, which also hands the rest of a stuck one to other
+        workers); the call limit counts the bundle as one worker until its calls are over."""
+        self._bundles.start([(call, tp) for (call, _), tp in zip(calls, tps, strict=True)])
+        self._counters.bundles += 1
+        self._runner.submit_chunk(calls)  # type: ignore[attr-defined]
+        self._chunks_out = True
 
     def _submit_chain(
         self, first: int, context: PollContext, after: Sequence[WorkItem], now: float
@@ -1153,7 +1225,8 @@ class Controller:
             if on_dispatch is not None:
                 on_dispatch(batch.id, follower)
             calls.append((batch.id, follower))
-        self._chains.start([call for call, _ in calls], after[0].tp)
+        tp = after[0].tp
+        self._chains.start([(call, tp) for call, _ in calls])
         self._counters.chains += 1
         self._runner.submit_chain(calls)  # type: ignore[attr-defined]
         self._chunks_out = True
@@ -1202,6 +1275,7 @@ class Controller:
         """A call the runner gave back before it started (close, or a chain's call behind a
         failed or hung one): it is over, and never reports. Its batch, if still in flight."""
         self._chains.over(batch_id)
+        self._bundles.over(batch_id)
         # (a call the stall policy gave up on before it started is over too)
         self._deadlines.forget_overrun(batch_id)
         self._deadlines.ended(batch_id)
@@ -1232,11 +1306,15 @@ class Controller:
             self._observe_service(event.service)
         work_done = self._work_done
         chains = self._chains
+        bundles = self._bundles
         for batch_id, errors, value, finished_at, partial in event.calls:
-            if chains:
-                # A chain's call began when the one before it ended, not at the hand-out:
-                # metrics and hooks time the call itself (slow_after, processing time).
-                began = chains.ended(batch_id, finished_at)
+            if chains or bundles:
+                # A call of a chain or a bundle began when the one before it ended, not at
+                # the hand-out: metrics and hooks time the call itself (slow_after, processing
+                # time).
+                began = chains.ended(batch_id, finished_at) if chains else None
+                if began is None and bundles:
+                    began = bundles.ended(batch_id, finished_at)
                 if began is not None:
                     self._in_flight.began(batch_id, began)
             work_done(batch_id, errors, value, finished_at, partial)
@@ -1817,7 +1895,11 @@ class Controller:
         (Records queued for runs wait for their partition's run by design: one run of a
         partition at a time is what keeps its order, and it is no sign of crowding.)"""
         return (
-            len(self._in_flight) - self._chains.extra + self._workers_in_runs() < self._call_limit()
+            len(self._in_flight)
+            - self._chains.extra
+            - self._bundles.extra
+            + self._workers_in_runs()
+            < self._call_limit()
             and self._shards.waiting > self._runs.queued_records()
             and not self._shards.has_ready()
         )
@@ -1825,14 +1907,16 @@ class Controller:
     def _update_pauses(self, now: float) -> None:
         backlog = self._shards.waiting_by_tp
         chained = self._chains.by_tp
-        if self._runs.active or chained:
-            # A run's records not settled, and the records of its chains in flight, are the
-            # partition's backlog too.
+        bundled = self._bundles.by_tp
+        if self._runs.active or chained or bundled:
+            # A run's records not settled, and the records of its chains and bundles in
+            # flight, are the partition's backlog too.
             backlog = dict(backlog)
             for tp, run in self._runs.active.items():
                 backlog[tp] = backlog.get(tp, 0) + len(run) - run.settled
-            for tp, count in chained.items():
-                backlog[tp] = backlog.get(tp, 0) + count
+            for held in (chained, bundled):
+                for tp, count in held.items():
+                    backlog[tp] = backlog.get(tp, 0) + count
         wanted = self._pauses.update(
             now,
             backlog,

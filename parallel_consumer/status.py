@@ -151,6 +151,10 @@ class Statistics:
     #: Chains handed out so far (a lane's next records run by the worker of the record before
     #: them, for calls of about a millisecond; docs/performance.md#chains).
     chains: int = 0
+    #: Bundles handed out so far (a few long calls of different lanes to one worker at once,
+    #: while many more records are ready than the workers can start;
+    #: docs/performance.md#bundles).
+    bundles: int = 0
 
 
 def assemble_statistics(
@@ -215,6 +219,7 @@ def assemble_statistics(
         runs=counters.runs,
         runs_detached=counters.runs_detached,
         chains=counters.chains,
+        bundles=counters.bundles,
         partition_totals=tuple(
             PartitionTotals(tp[0], tp[1], t.succeeded, t.failed) for tp, t in (totals or {}).items()
         ),

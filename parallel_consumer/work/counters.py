@@ -45,3 +45,5 @@ class Counters:
     runs_detached: int = 0
     #: Chains handed to the runner (docs/performance.md#chains).
     chains: int = 0
+    #: Bundles handed to the runner (docs/performance.md#bundles).
+    bundles: int = 0

@@ -388,6 +388,13 @@ class ShardMap:
     def has_ready(self) -> bool:
         return bool(self._ready)
 
+    def ready_count(self) -> int:
+        """About how many records could be taken now, one after another: the ready lanes
+        (KEY and PARTITION: a lane hands out one record at a time), or the waiting records
+        (UNORDERED). An estimate (lanes emptied by a revoke, or parked, still count until
+        a take passes them), for sizing hand-outs."""
+        return len(self._ready) if self._ordered else self.waiting
+
     def find(self, tp: TopicPartition, offset: int) -> WorkItem | None:
         """The record at ``offset`` of ``tp`` if it waits in a lane (a scan: for rare uses,
         such as finding the record that holds a stalled partition)."""

@@ -66,6 +66,9 @@ class FakeRunner:
         #: Calls not yet completed: (batch id, [(tp, offset, key, epoch at dispatch)]).
         self.calls: list[tuple[int, list[tuple[tuple[str, int], int, object, int | None]]]] = []
         self.chunks = 0
+        #: Per call handed out in a chunk: its chunk (the calls of one chunk hold one worker
+        #: until every one of them ended).
+        self.chunk_of: dict[int, int] = {}
         #: Runs handed out and not reported: [run, the message whose call is in progress or
         #: None, the partition's epoch when it was handed out].
         self.run_states: list[list[Any]] = []
@@ -102,7 +105,21 @@ class FakeRunner:
         """A chunk (adaptive dispatch): its calls complete one by one or together."""
         self.chunks += 1
         for batch, context in calls:
+            self.chunk_of[batch] = self.chunks
             self.submit(batch, context)
+
+    def workers_held(self) -> int:
+        """Workers (or backlog slots) the calls not ended hold, as the runner sees them: one
+        per single call, one per chunk with a call not ended."""
+        chunks = set()
+        singles = 0
+        for batch, _ in self.calls:
+            chunk = self.chunk_of.get(batch)
+            if chunk is None:
+                singles += 1
+            else:
+                chunks.add(chunk)
+        return singles + len(chunks)
 
     def cancel_queued(self) -> list[int]:
         return []
@@ -265,6 +282,9 @@ class ControllerMachine(RuleBasedStateMachine):
     chains = False
     #: The runner takes runs (for very short calls) too.
     runner_runs = True
+    #: Calls start at a millisecond (batch_size 1, no chains): with many records ready the
+    #: controller hands out bundles (several calls of different lanes to one worker).
+    bundled = False
     #: A poll_and_produce handler: each successful call returns an output per record, and
     #: a record is done once its outputs are acknowledged (rule settle_outputs).
     produce = False
@@ -310,9 +330,12 @@ class ControllerMachine(RuleBasedStateMachine):
             produces=self.produce,
             dead_letters=DeadLetters(self.options, "g"),
         )
-        if self.chains:
-            # Calls of a millisecond from the start: lanes go out in chains.
+        if self.chains or self.bundled:
+            # Calls of a millisecond from the start: lanes go out in chains, and calls in
+            # bundles when many records are ready (here: as many as the bundles would hold,
+            # not twice that, so that the few records of the machine make bundles often).
             self.controller._observe_service(0.002)
+            self.controller._bundle_ready = 1
         elif self.batch_size == 1:
             # Calls measured short from the start: the controller hands out runs at once (a
             # slow completion, took=1.0, sends it back to the lanes, a fast one to runs).
@@ -416,6 +439,15 @@ class ControllerMachine(RuleBasedStateMachine):
         self.controller.post(RecordsPolled({tp: (self.epoch[tp], messages)}))
         self.step()
 
+    @precondition(lambda self: self.bundled)
+    @rule(keys=st.lists(st.sampled_from(KEYS), min_size=6, max_size=6))
+    def poll_burst(self, keys: list[bytes | None]) -> None:
+        """(Machines with bundles) the poller fetches for every partition, several times
+        over, while no call ends: records pile up, as behind a hundred busy workers."""
+        for _ in range(2):
+            for tp in TPS:
+                self.poll(tp, keys)
+
     @rule()
     def poller_runs(self) -> None:
         self.run_poller_commands()
@@ -428,6 +460,8 @@ class ControllerMachine(RuleBasedStateMachine):
         took=st.sampled_from([0.0, 1e-6, 1.0]),
     )
     def complete(self, index: int, outcome: str, took: float = 0.0) -> None:
+        if self.bundled and took:
+            took = 0.002  # (calls stay at a millisecond until calls_turn says otherwise)
         batch, records = self.runner.calls.pop(index % len(self.runner.calls))
         error = self.call_ended(batch, records, outcome)
         now = self.clock.monotonic()
@@ -467,7 +501,8 @@ class ControllerMachine(RuleBasedStateMachine):
             now = self.clock.monotonic()
             value = self.value_of(records) if ok else None
             results.append((batch, (error,) * len(records), value, now, False))
-        self.controller.post(WorkDoneMany(results, 1e-6 if fast else 1.0))
+        service = 0.002 if self.bundled else 1e-6 if fast else 1.0
+        self.controller.post(WorkDoneMany(results, service))
         self.step()
 
     @precondition(lambda self: self.runner.run_states)
@@ -777,9 +812,18 @@ class ControllerMachine(RuleBasedStateMachine):
         # one after another on that worker, never two at once.
         backlog = self.runner.backlog if self.processing_timeout is None else 0
         self.chunked = max(self.chunked, self.controller.chunk_size)
-        # A chain takes one worker (or backlog slot), whatever its length.
+        # A chain takes one worker (or backlog slot), whatever its length; so does a bundle.
         chains = len(getattr(self.runner, "chains", ()))
-        assert len(self.runner.calls) + chains <= (self.runner.capacity + backlog) * self.chunked
+        # A bundle (a chunk of long calls) too: its calls beyond the first hold no worker.
+        bundles = self.controller._bundles
+        calls = len(self.runner.calls) - bundles.extra
+        assert calls + chains <= (self.runner.capacity + backlog) * self.chunked
+        assert bundles.extra >= 0
+        assert sum(bundles.by_tp.values()) == len(bundles._of)
+        if self.chunked == 1:
+            # No chunks of short calls so far, perhaps bundles: never more workers than the
+            # call limit, as the runner counts them.
+            assert self.runner.workers_held() + chains <= self.runner.capacity + backlog
         # A run takes one worker (or backlog slot).
         assert len(self.runner.run_states) <= self.runner.capacity + backlog
 
@@ -849,6 +893,21 @@ class PartitionMachineWithChains(ControllerMachine):
     chains = True
 
 
+class UnorderedMachineWithBundles(ControllerMachine):
+    ordering = ProcessingOrder.UNORDERED
+    batch_size = 1
+    bundled = True
+    runner_runs = False
+
+
+class UnorderedMachineProducingInBundles(ControllerMachine):
+    ordering = ProcessingOrder.UNORDERED
+    batch_size = 1
+    bundled = True
+    runner_runs = False
+    produce = True
+
+
 class KeyMachineProducing(ControllerMachine):
     """poll_and_produce: runs produce (RunOutputs) and calls produce; outputs fail at random."""
 
@@ -881,6 +940,8 @@ TestUnorderedWithRuns = _settings(UnorderedMachineWithRuns).TestCase
 TestKeyOrderWithChains = _settings(KeyMachineWithChains).TestCase
 TestKeyOrderWithChainsOnly = _settings(KeyMachineWithChainsOnly).TestCase
 TestPartitionOrderWithChains = _settings(PartitionMachineWithChains).TestCase
+TestUnorderedWithBundles = _settings(UnorderedMachineWithBundles).TestCase
+TestUnorderedProducingInBundles = _settings(UnorderedMachineProducingInBundles).TestCase
 _producing = settings(max_examples=300, stateful_step_count=50, deadline=None)
 TestKeyOrderProducing = _producing(KeyMachineProducing).TestCase
 TestUnorderedProducing = _producing(UnorderedMachineProducing).TestCase
