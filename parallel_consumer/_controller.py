@@ -149,6 +149,14 @@ CHAIN_MOST = 16
 #: when its total work allows, not when its longest lane does. (With many more lanes than
 #: workers, each lane is short and the order matters little.)
 LONGEST_FIRST_LANES = 8
+#: While the next lane is the longest and there are not many more lanes than call slots, at
+#: most this many calls (or chains) wait in the runner's backlog for a worker. A hand-out to the
+#: backlog picks its lane before a worker is free; with a backlog of a quarter of the workers
+#: and as many lanes as slots, every lane not running would sit in the backlog, in the order it
+#: was picked, and the engine would never have a choice (W1 KEY-20: 20 lanes, 16 workers and 4
+#: backlog slots ran round-robin, its lanes ending up to 0.3 s apart). Two keep a worker that
+#: frees from waiting for the controller.
+LONGEST_FIRST_BACKLOG = 2
 #: Bundles (docs/performance.md#bundles): while calls are too long for chunks and far more
 #: records are ready than the workers can start (at least BUNDLE_READY times as many as a
 #: bundle for every call slot), a worker gets a few calls of different lanes at once, run one
@@ -1095,6 +1103,12 @@ class Controller:
                     # Calls of milliseconds over few lanes for the workers, where the longest
                     # lane sets the end of a burst: serve the longest lanes first.
                     take = self._shards.take_longest
+                    backlog = self._runner.backlog
+                    if len(self._shards) <= limit + backlog:
+                        # So few lanes that the runner's backlog would hold every one not
+                        # running: no lane would be left to choose from (see
+                        # LONGEST_FIRST_BACKLOG).
+                        capacity -= max(0, backlog - LONGEST_FIRST_BACKLOG)
         # Bundles: calls too long for chunks, and many more records ready than the workers
         # can start (see BUNDLES).
         bundle = self._bundle_size(limit) if chunk == 1 and self._bundles_on else 1

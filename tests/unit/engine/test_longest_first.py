@@ -157,3 +157,46 @@ def test_every_record_runs_once_in_lane_order_one_at_a_time_per_lane(sizes, step
         assert ran[lane] == [i.offset for i in items], key
     assert shards.waiting == 0
     assert len(shards) == 0
+
+
+# -- the controller: a choice is left to make --------------------------------------------------
+
+
+def _stepped_key_controller(keys: int, per_key: int):
+    from doubles import ChainTaker, stepped_controller
+
+    from parallel_consumer import Options
+    from parallel_consumer._events import RecordsPolled
+    from parallel_consumer.testing.clock import FakeClock
+
+    class Runner(ChainTaker):
+        capacity = 16
+        backlog = 4
+
+    runner = Runner()
+    options = Options(ordering=ProcessingOrder.KEY, max_concurrency=16, commit_interval=1000)
+    controller = stepped_controller(FakeClock(), options=options, runner=runner)
+    controller._observe_service(0.002)  # calls of 2 ms: chains, and the longest lanes first
+    messages = [
+        Message(topic="t", partition=0, offset=o, key=b"k%d" % (o % keys))
+        for o in range(keys * per_key)
+    ]
+    controller.post(RecordsPolled({TP: (1, messages)}))
+    controller.run_once(block=False)
+    return controller, runner
+
+
+def test_with_about_as_many_lanes_as_call_slots_two_backlog_slots_stay_unused():
+    """W1 KEY-20: 20 lanes for 16 workers and 4 backlog slots. With every slot used, every lane
+    not running sits in the runner's queue and the next lane is never chosen: lanes run
+    round-robin. The engine keeps the backlog to LONGEST_FIRST_BACKLOG (2) there, so that two
+    lanes wait where the controller can still choose between them."""
+    controller, runner = _stepped_key_controller(keys=20, per_key=50)
+    handed = len(runner.chains) + len(runner.singles)
+    assert handed == 16 + 2
+    assert controller._shards.has_ready()
+
+
+def test_with_many_more_lanes_than_call_slots_the_whole_backlog_is_used():
+    _, runner = _stepped_key_controller(keys=200, per_key=3)
+    assert len(runner.chains) + len(runner.singles) == 16 + 4
