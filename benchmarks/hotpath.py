@@ -9,6 +9,9 @@ figures to quote come from pc-bench on the real broker.
 
     .venv/bin/python benchmarks/hotpath.py --ordering KEY --records 200000 --repeat 3
     .venv/bin/python benchmarks/hotpath.py --profile controller   # cProfile of one thread
+    # W1b's shape: 10,000 records of 10,000 keys on 1 partition, 2.5 ms calls on 100 threads
+    .venv/bin/python benchmarks/hotpath.py --records 10000 --partitions 1 --concurrency 100 \
+        --sleep-ms 2.5 --repeat 3
 """
 
 from __future__ import annotations
@@ -90,7 +93,11 @@ def run_once(args: argparse.Namespace, profile: str | None) -> dict[str, Any]:
     lock = threading.Lock()
     target = args.records
 
+    pause = args.sleep_ms / 1000
+
     def handle(ctx: PollContext) -> None:
+        if pause:
+            time.sleep(pause)
         with lock:
             count[0] += len(ctx)
             if count[0] >= target:
@@ -148,6 +155,8 @@ def run_once(args: argparse.Namespace, profile: str | None) -> dict[str, Any]:
         "records_per_s": args.records / wall,
         "us_per_record": {k: v / args.records * 1e6 for k, v in sorted(cpu.items())},
         "runs": engine.runs,
+        "bundles": engine.bundles,
+        "chains": engine.chains,
         "runs_detached": engine.runs_detached,
         "partition_pauses": engine.partition_pauses,
     }
@@ -165,6 +174,9 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument(
+        "--sleep-ms", type=float, default=0.0, help="the handler sleeps this long (W1b: 2.5)"
+    )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--otel", action="store_true", help="metrics on (SDK, 1 s reader)")
@@ -175,7 +187,8 @@ def main() -> None:
         parts = "  ".join(f"{k} {v:.1f}" for k, v in r["us_per_record"].items())
         print(
             f"{r['records_per_s']:>9,.0f} rec/s  wall {r['wall']:.2f} s  µs/record: {parts}  "
-            f"runs {r['runs']} (detached {r['runs_detached']}), pauses {r['partition_pauses']}"
+            f"runs {r['runs']} (detached {r['runs_detached']}), pauses {r['partition_pauses']}, "
+            f"chains {r['chains']}, bundles {r['bundles']}"
         )
     median = statistics.median(r["records_per_s"] for r in runs)
     print(f"median {median:,.0f} records/s ({args.ordering}, batch_size={args.batch_size})")
