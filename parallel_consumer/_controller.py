@@ -149,8 +149,9 @@ CHAIN_MOST = 16
 #: when its total work allows, not when its longest lane does. (With many more lanes than
 #: workers, each lane is short and the order matters little.)
 LONGEST_FIRST_LANES = 8
-#: While the next lane is the longest and there are not many more lanes than call slots, at
-#: most this many calls (or chains) wait in the runner's backlog for a worker. A hand-out to the
+#: While the next lane is the longest and the lanes are at most the call slots (workers and
+#: backlog) plus the backlog once more, at most this many calls (or chains) wait in the
+#: runner's backlog for a worker. A hand-out to the
 #: backlog picks its lane before a worker is free; with a backlog of a quarter of the workers
 #: and as many lanes as slots, every lane not running would sit in the backlog, in the order it
 #: was picked, and the engine would never have a choice (W1 KEY-20: 20 lanes, 16 workers and 4
@@ -561,9 +562,12 @@ class Controller:
         if isinstance(event, WorkDone):
             if event.took:
                 self._observe_service(event.took)
-            if self._bundles:
-                # (a call of a stuck bundle that another worker ran: it reports alone)
+            if self._bundles and event.batch in self._bundles:
+                # A call of a stuck bundle that another worker ran reports alone; it began
+                # there, not at the bundle's hand-out.
                 self._bundles.over(event.batch)
+                if event.took:
+                    self._in_flight.began(event.batch, event.finished_at - event.took)
             self._work_done(
                 event.batch, event.errors, event.value, event.finished_at, event.partial
             )
@@ -1023,6 +1027,9 @@ class Controller:
                     self._runs.settled_early(run.settled - before)
                 # So for its chains; and their calls not started must not start any more.
                 self._recall_chains(tp)
+                # And for the calls of its bundles that finished and wait for the rest of
+                # their bundle (the results of other partitions' calls go with them).
+                self._settle_bundled(tp)
                 commit = self._commits.final_for(state, now)
                 if commit is not None:
                     final.append(commit)
@@ -1113,9 +1120,10 @@ class Controller:
         # can start (see BUNDLES).
         bundle = self._bundle_size(limit) if chunk == 1 and self._bundles_on else 1
         bundled: list[tuple[int, PollContext]] = []
-        bundled_tps: list[TopicPartition] = []
+        bundled_tps: list[tuple[TopicPartition, ...]] = []
         calls: list[tuple[int, PollContext]] = []
-        while len(in_flight) < capacity:
+        # (a bundle begun is filled: it holds the one worker its first call took)
+        while len(in_flight) < capacity or 0 < len(bundled) < bundle:
             if batch_size == 1 and timeout is None:
                 # The hot path: one record per call, no deadline.
                 item = take(blocked)
@@ -1127,8 +1135,13 @@ class Controller:
                         item.message, item.attempts, item.last_failure, item.last_failure_at
                     )
                 )
-                # (chains: the records waiting behind it in its lane may follow it)
-                after = self._shards.take_following(item, chain - 1, blocked) if chain > 1 else ()
+                # (chains: the records waiting behind it in its lane may follow it; not into
+                # a bundle begun, whose worker is counted already)
+                after = (
+                    self._shards.take_following(item, chain - 1, blocked)
+                    if chain > 1 and not bundled
+                    else ()
+                )
             else:
                 after = ()
                 items: list[WorkItem] = []
@@ -1162,10 +1175,10 @@ class Controller:
                         single = []
                     self._submit_chain(batch.id, context, after, now)
                 elif bundle > 1:
-                    if not bundled:
-                        capacity += bundle - 1  # (a bundle holds one worker)
+                    if bundled:
+                        capacity += 1  # (a bundle holds one worker: its first call's)
                     bundled.append((batch.id, context))
-                    bundled_tps.append(batch.items[0].tp)
+                    bundled_tps.append(tuple(i.tp for i in batch.items))
                     if len(bundled) == bundle:
                         self._submit_bundle(bundled, bundled_tps)
                         bundled = []
@@ -1181,7 +1194,6 @@ class Controller:
                 self._chunks_out = True
                 calls = []
         if len(bundled) == 1:
-            bundle = 1
             if single is not None:
                 single.extend(bundled)
             else:
@@ -1213,7 +1225,7 @@ class Controller:
         return max(1, min(most, ready // (self._bundle_ready * limit)))
 
     def _submit_bundle(
-        self, calls: list[tuple[int, PollContext]], tps: list[TopicPartition]
+        self, calls: list[tuple[int, PollContext]], tps: list[tuple[TopicPartition, ...]]
     ) -> None:
         """Calls of different lanes, run one after another on one worker (a chunk: see
         ``ThreadRunner.submit_chunk``, which also hands the rest of a stuck one to other
@@ -1239,8 +1251,8 @@ class Controller:
             if on_dispatch is not None:
                 on_dispatch(batch.id, follower)
             calls.append((batch.id, follower))
-        tp = after[0].tp
-        self._chains.start([(call, tp) for call, _ in calls])
+        tps = (after[0].tp,)
+        self._chains.start([(call, tps) for call, _ in calls])
         self._counters.chains += 1
         self._runner.submit_chain(calls)  # type: ignore[attr-defined]
         self._chunks_out = True
@@ -1280,6 +1292,18 @@ class Controller:
             self._on_chunk_done(WorkDoneMany(results, 0.0))
         if rest:
             self._put_back(rest)
+
+    def _settle_bundled(self, tp: TopicPartition) -> None:
+        """Report now the finished calls of every bundle with a call of ``tp``: a revoke's final
+        commit must cover them (their worker would report them with the bundle's last call,
+        too late). Their worker reports the rest."""
+        take_finished = getattr(self._runner, "take_finished", None)
+        if take_finished is None or not self._bundles:
+            return
+        for bundle in self._bundles.of_partition(tp):
+            results = take_finished(bundle)
+            if results:
+                self._on_chunk_done(WorkDoneMany(results, 0.0))
 
     def _recall_chains(self, tp: TopicPartition) -> None:
         for chain in self._chains.of_partition(tp):

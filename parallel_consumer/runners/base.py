@@ -19,9 +19,10 @@ Optional capabilities, which the controller looks for by name and uses only if p
 thread runner has them all; see docs/performance.md): ``submit_chunk`` and ``release_stuck``
 (adaptive dispatch), ``submit_run`` with ``runs`` (runs of very short calls), and
 ``submit_chain`` with ``take_back_chain`` (chains: a lane's next records on the worker of the
-record before them, whose calls not started come back in ``WorkDoneMany.unstarted``), and
-``submit_many`` (single calls of one dispatch pass handed over at once, in order; the asyncio
-runner has it).
+record before them, whose calls not started come back in ``WorkDoneMany.unstarted``),
+``take_finished`` (the finished calls of a chunk, reported early for a revoke's final commit:
+bundles, chunks of long calls), and ``submit_many`` (single calls of one dispatch pass handed
+over at once, in order; the asyncio runner has it).
 """
 
 from __future__ import annotations

@@ -137,6 +137,15 @@ class ThreadRunner:
                 return chunk.take_results(), rest
         return [], []
 
+    def take_finished(self, first: int) -> list[CallResult]:
+        """The results of chunk ``first`` (the id of its first call) that its worker finished
+        and has not reported yet, taken now: each is reported once, here or by the worker (a
+        revoke's final commit must cover the finished calls of a bundle). Controller thread."""
+        for chunk in list(self._active):
+            if not chunk.chain and chunk.first == first:
+                return chunk.take_results()
+        return []
+
     @property
     def runs(self) -> bool:
         """Whether :meth:`submit_run` may be used: a run calls no per-call hook."""

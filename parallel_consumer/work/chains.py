@@ -26,8 +26,8 @@ class _Groups:
     __slots__ = ("_ends", "_left", "_of", "by_tp", "extra")
 
     def __init__(self) -> None:
-        #: Per call of a group: (its group, its partition).
-        self._of: dict[int, tuple[int, TopicPartition]] = {}
+        #: Per call of a group: (its group, the partition of each of its records).
+        self._of: dict[int, tuple[int, tuple[TopicPartition, ...]]] = {}
         #: Per group: its calls still in flight.
         self._left: dict[int, int] = {}
         #: Per group: when its last reported call ended.
@@ -35,18 +35,19 @@ class _Groups:
         #: Calls in flight beyond the first of each group: they hold no worker of their own,
         #: so the call limit does not count them.
         self.extra = 0
-        #: Per partition: calls of groups in flight.
+        #: Per partition: records of groups' calls in flight.
         self.by_tp: dict[TopicPartition, int] = {}
 
-    def start(self, calls: Sequence[tuple[int, TopicPartition]]) -> None:
-        """A group of ``calls`` (call id and partition, in the order they run; the first
-        names the group)."""
+    def start(self, calls: Sequence[tuple[int, tuple[TopicPartition, ...]]]) -> None:
+        """A group of ``calls`` (call id and the partition of each of its records, in the
+        order they run; the first names the group)."""
         group = calls[0][0]
         of = self._of
         by_tp = self.by_tp
-        for call, tp in calls:
-            of[call] = (group, tp)
-            by_tp[tp] = by_tp.get(tp, 0) + 1
+        for call, tps in calls:
+            of[call] = (group, tps)
+            for tp in tps:
+                by_tp[tp] = by_tp.get(tp, 0) + 1
         self._left[group] = len(calls)
         self.extra += len(calls) - 1
 
@@ -67,12 +68,14 @@ class _Groups:
         of = self._of.pop(call, None)
         if of is None:
             return
-        group, tp = of
-        count = self.by_tp[tp] - 1
-        if count:
-            self.by_tp[tp] = count
-        else:
-            del self.by_tp[tp]
+        group, tps = of
+        by_tp = self.by_tp
+        for tp in tps:
+            count = by_tp[tp] - 1
+            if count:
+                by_tp[tp] = count
+            else:
+                del by_tp[tp]
         left = self._left[group] - 1
         if left:
             self._left[group] = left
@@ -80,6 +83,12 @@ class _Groups:
         else:
             del self._left[group]
             self._ends.pop(group, None)
+
+    def of_partition(self, tp: TopicPartition) -> list[int]:
+        """The groups out with calls of partition ``tp`` (a scan: for revokes)."""
+        if tp not in self.by_tp:
+            return []
+        return sorted({group for group, tps in self._of.values() if tp in tps})
 
     def __contains__(self, call: object) -> bool:
         return call in self._of
@@ -103,12 +112,6 @@ class Chains(_Groups):
         """The chain of call ``call`` (the id of its first call), if it is a chain's."""
         of = self._of.get(call)
         return None if of is None else of[0]
-
-    def of_partition(self, tp: TopicPartition) -> list[int]:
-        """The chains out of partition ``tp`` (a scan: for revokes)."""
-        if tp not in self.by_tp:
-            return []
-        return sorted({chain for chain, of_tp in self._of.values() if of_tp == tp})
 
 
 class Bundles(_Groups):

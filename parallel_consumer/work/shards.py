@@ -169,6 +169,9 @@ class ShardMap:
         self._parked.pop(tp, None)
         self._lanes_by_tp.pop(tp, None)
         self.waiting -= self.waiting_by_tp.pop(tp, 0)
+        if any(shard.removed for shard in self._ready):
+            # (so that ready_count, which sizes bundles, counts only lanes that can run)
+            self._ready = deque(shard for shard in self._ready if not shard.removed)
         return dropped
 
     def hold_for_stale(self, item: WorkItem) -> None:

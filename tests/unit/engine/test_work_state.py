@@ -377,7 +377,7 @@ class TestChains:
         from parallel_consumer.work.chains import Chains
 
         chains = Chains()
-        chains.start([(7, TP), (8, TP), (9, TP)])
+        chains.start([(7, (TP,)), (8, (TP,)), (9, (TP,))])
         assert (chains.extra, chains.by_tp, 8 in chains) == (2, {TP: 3}, True)
         # The first call ends at 1.0: it began at the hand-out (None); the next began at 1.0
         assert chains.ended(7, 1.0) is None

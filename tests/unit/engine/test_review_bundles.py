@@ -1,0 +1,263 @@
+"""Adversarial review of bundles (5782521) and of the backlog kept for longest lanes first
+(f96f409). Each test reproduced a broken guarantee on those commits and now guards its fix."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+
+import pytest
+from confluent_kafka import Message
+from doubles import StuckPoller, stepped_controller
+
+from parallel_consumer import NoHooks, Options, PollContext, ProcessingOrder
+from parallel_consumer import _controller as controller_module
+from parallel_consumer._controller import Controller
+from parallel_consumer._events import (
+    Assignment,
+    Commit,
+    PartitionsAssigned,
+    PartitionsRevoked,
+    RecordsPolled,
+    WorkDone,
+)
+from parallel_consumer.commit import ConsumerCommitter
+from parallel_consumer.runners.threads import ThreadRunner
+from parallel_consumer.testing.clock import FakeClock
+
+TP = ("t", 0)
+
+
+class Taker:
+    """Takes single calls, chunks (bundles) and chains; runs nothing."""
+
+    capacity = 4
+    backlog = 1
+    runs = False
+
+    def __init__(self) -> None:
+        self.singles: list[tuple[int, PollContext]] = []
+        self.chunks: list[list[tuple[int, PollContext]]] = []
+        self.chains: list[list[tuple[int, PollContext]]] = []
+
+    def start(self, handler: object, done: object) -> None:
+        pass
+
+    def submit(self, batch: int, context: PollContext) -> None:
+        self.singles.append((batch, context))
+
+    def submit_chunk(self, calls: list[tuple[int, PollContext]]) -> None:
+        self.chunks.append(list(calls))
+
+    def submit_chain(self, calls: list[tuple[int, PollContext]]) -> None:
+        self.chains.append(list(calls))
+
+    def take_back_chain(self, chain: int) -> tuple[list[object], list[int]]:
+        return [], []
+
+    def release_stuck(self, after: float) -> int:
+        return 0
+
+    def cancel_queued(self) -> list[int]:
+        return []
+
+    def cancel(self, batch: int, error: BaseException | None = None) -> None:
+        pass
+
+    def stop(self, timeout: float) -> bool:
+        return True
+
+
+def test_a_bundle_left_open_by_chains_does_not_lend_its_reserve_to_them():
+    """KEY order, calls of 3 ms, 100 ready lanes (> LONGEST_FIRST_LANES x slots: plain take):
+    the first lane has one record (it opens a bundle, capacity += bundle - 1), the others two
+    (chains). The chains use the bundle's reserve; the bundle stays at one call; the pass
+    hands out more workers than the call limit (5)."""
+    runner = Taker()
+    controller = stepped_controller(
+        FakeClock(),
+        options=Options(ordering=ProcessingOrder.KEY, max_concurrency=4, commit_interval=1000),
+        runner=runner,
+    )
+    assert controller._chains_on
+    assert controller._bundles_on
+    controller._observe_service(0.003)
+    messages = [Message(topic="t", partition=0, offset=0, key=b"single")]
+    offset = 1
+    for _ in range(2):
+        for k in range(1, 100):
+            messages.append(Message(topic="t", partition=0, offset=offset, key=b"k%d" % k))
+            offset += 1
+    controller.post(RecordsPolled({TP: (1, messages)}))
+    controller.run_once(block=False)
+    handed = len(runner.singles) + len(runner.chunks) + len(runner.chains)
+    held = len(controller._in_flight) - controller._chains.extra - controller._bundles.extra
+    assert held == handed
+    assert handed <= controller._call_limit(), (
+        f"{handed} workers handed out for a call limit of {controller._call_limit()}: "
+        f"{len(runner.singles)} singles, {len(runner.chunks)} bundles, {len(runner.chains)} chains"
+    )
+
+
+# -- a revoke while a bundle is out: its finished calls are not covered by the final commit ------
+
+
+def _threaded_stepped(handler, clock, **options):
+    opts = Options(commit_interval=1000, **options)
+    poller = StuckPoller()
+    runner = ThreadRunner(2, clock)
+    controller = Controller(
+        opts,
+        runner=runner,
+        poller=poller,
+        committer=ConsumerCommitter(poller, opts.commit_mode),
+        clock=clock,
+    )
+    controller.start(handler, thread=False)
+    controller.post(PartitionsAssigned((Assignment(TP, 1, None, None),)))
+    return controller, poller, runner
+
+
+@pytest.mark.parametrize("bundles", [False, True])
+def test_revoke_final_commit_covers_a_call_that_finished_before_it(monkeypatch, bundles):
+    """Offset 0 returns at once; offset 1 blocks until after the revoke. Without bundles the
+    call of offset 0 reports as soon as it returns and the revoke's final commit covers it
+    (commits 1). In a bundle [0, 1, 2, 3] its result waits in the bundle until the bundle ends
+    (or the stuck check): the final commit leaves it out and the next owner runs it again.
+    Chains and runs settle their finished calls on revoke (_recall_chains, _settle_run);
+    bundles do not."""
+    monkeypatch.setattr(controller_module, "BUNDLES", bundles)
+    entered = threading.Event()
+    release = threading.Event()
+
+    def handle(ctx: PollContext) -> None:
+        if ctx.offset == 1:
+            entered.set()
+            release.wait(10)
+
+    clock = FakeClock()
+    controller, poller, runner = _threaded_stepped(
+        handle, clock, ordering=ProcessingOrder.UNORDERED, max_concurrency=2
+    )
+    try:
+        controller.run_once(block=False)
+        controller._observe_service(0.003)
+        messages = [Message(topic="t", partition=0, offset=o, key=b"k%d" % o) for o in range(40)]
+        controller.post(RecordsPolled({TP: (1, messages)}))
+        controller.run_once(block=False)
+        assert (controller.statistics().bundles > 0) == bundles
+        assert entered.wait(5)  # (offset 0 returned before offset 1 began)
+        time.sleep(0.005)  # the WorkDone of a single call of offset 0 is posted by now
+        reply: Future[None] = Future()
+        controller.post(PartitionsRevoked((TP,), reply))
+        controller.run_once(block=False)
+        assert reply.done()
+        commits = [c for cmd in poller.commands if isinstance(cmd, Commit) for c in cmd.offsets]
+        assert commits
+        assert max(c.offset for c in commits) >= 1, commits
+    finally:
+        release.set()
+        runner.stop(1.0)
+
+
+# -- minor: a stuck bundle's calls run by other workers are timed from the bundle's hand-out ----
+
+
+def test_a_bundle_call_run_by_another_worker_is_timed_as_the_call_itself():
+    """Bundle [a, b, c, d]: a hangs; after STUCK_AFTER the runner hands b, c, d to other
+    workers, each reported alone (WorkDone, took=3 ms). Their on_work_done duration (and the
+    metrics' slow_after check) count from the bundle's hand-out: the 50 ms wait behind a, not
+    the 3 ms call. (WorkDone.took, or finished_at - took, is at hand.)"""
+
+    class Durations(NoHooks):
+        def __init__(self) -> None:
+            self.seen: dict[int, float] = {}
+
+        def on_work_done(self, batch, errors, duration):
+            self.seen[batch] = duration
+
+    hooks = Durations()
+    runner = Taker()
+    clock = FakeClock()
+    controller = stepped_controller(
+        clock,
+        hooks,
+        options=Options(ordering=ProcessingOrder.UNORDERED, commit_interval=1000),
+        runner=runner,
+    )
+    controller._observe_service(0.003)
+    messages = [Message(topic="t", partition=0, offset=o, key=b"k%d" % o) for o in range(100)]
+    controller.post(RecordsPolled({TP: (1, messages)}))
+    controller.run_once(block=False)
+    ids = [batch for batch, _ in runner.chunks[0]]
+    clock.advance(0.05)
+    for batch in ids[1:]:
+        controller.post(WorkDone(batch, (None,), None, clock.monotonic(), took=0.003))
+    controller.run_once(block=False)
+    for batch in ids[1:]:
+        assert hooks.seen[batch] == pytest.approx(0.003, abs=0.002), hooks.seen
+
+
+# -- minor: pause backlog of bundles counts calls of the first record's partition only ---------
+
+
+def test_bundled_records_count_as_their_own_partitions_backlog_with_batches():
+    """batch_size=2, UNORDERED, t[0] and t[1]: a call's batch holds one record of each
+    partition (take is round-robin over partitions). Bundles.by_tp counts one per call, under
+    the first record's partition: t[1]'s bundled records are no backlog of t[1], and t[0]'s
+    count half. Chains count every record (batch_size 1)."""
+    runner = Taker()
+    controller = stepped_controller(
+        FakeClock(),
+        options=Options(ordering=ProcessingOrder.UNORDERED, batch_size=2, commit_interval=1000),
+        runner=runner,
+    )
+    controller.post(PartitionsAssigned((Assignment(("t", 1), 1, None, None),)))
+    controller.run_once(block=False)
+    controller._observe_service(0.003)
+    batches = {
+        tp: (1, [Message(topic="t", partition=tp[1], offset=o, key=None) for o in range(200)])
+        for tp in (("t", 0), ("t", 1))
+    }
+    controller.post(RecordsPolled(batches))
+    controller.run_once(block=False)
+    assert runner.chunks
+    in_bundles: dict[tuple[str, int], int] = {}
+    for chunk in runner.chunks:
+        for _, ctx in chunk:
+            for r in ctx.records:
+                tp = (r.topic, r.partition)
+                in_bundles[tp] = in_bundles.get(tp, 0) + 1
+    assert controller._bundles.by_tp == in_bundles
+
+
+# -- minor: lanes of a revoked partition still count as ready when bundles are sized -----------
+
+
+def test_revoked_lanes_do_not_make_bundles_of_the_few_lanes_left():
+    """KEY order, calls of 3 ms, 5 call slots. t[0] has 100 one-record lanes, t[1] has 8; t[0]
+    is revoked before the next pass. ShardMap.ready_count() still counts t[0]'s removed lanes
+    (they stay in the ready deque until a take passes them): the pass sizes bundles for 108
+    ready lanes and hands t[1]'s 8 records out as two bundles of 4 on two workers, while three
+    slots stay empty (with 8 ready lanes there would be no bundles: 5 singles)."""
+    runner = Taker()
+    controller = stepped_controller(
+        FakeClock(),
+        options=Options(ordering=ProcessingOrder.KEY, max_concurrency=4, commit_interval=1000),
+        runner=runner,
+    )
+    controller._chains_on = False  # (chains or not: one record per lane here)
+    controller.post(PartitionsAssigned((Assignment(("t", 1), 1, None, None),)))
+    controller.run_once(block=False)
+    controller._observe_service(0.003)
+    t0 = [Message(topic="t", partition=0, offset=o, key=b"a%d" % o) for o in range(100)]
+    t1 = [Message(topic="t", partition=1, offset=o, key=b"b%d" % o) for o in range(8)]
+    controller.post(RecordsPolled({("t", 0): (1, t0), ("t", 1): (1, t1)}))
+    controller.post(PartitionsRevoked((("t", 0),), Future()))
+    controller.run_once(block=False)
+    handed = len(runner.singles) + len(runner.chunks)
+    assert handed == controller._call_limit(), (
+        f"{[len(c) for c in runner.chunks]} bundles and {len(runner.singles)} singles "
+        f"for 8 records and {controller._call_limit()} slots"
+    )
