@@ -151,12 +151,12 @@ CHAIN_MOST = 16
 LONGEST_FIRST_LANES = 8
 #: While the next lane is the longest and the lanes are at most the call slots (workers and
 #: backlog) plus the backlog once more, at most this many calls (or chains) wait in the
-#: runner's backlog for a worker. A hand-out to the
-#: backlog picks its lane before a worker is free; with a backlog of a quarter of the workers
-#: and as many lanes as slots, every lane not running would sit in the backlog, in the order it
-#: was picked, and the engine would never have a choice (W1 KEY-20: 20 lanes, 16 workers and 4
-#: backlog slots ran round-robin, its lanes ending up to 0.3 s apart). Two keep a worker that
-#: frees from waiting for the controller.
+#: runner's backlog for a worker. A hand-out to the backlog picks its lane before a worker is
+#: free; with a backlog of a quarter of the workers and as many lanes as slots, every lane not
+#: running would sit in the backlog, in the order it was picked, and the engine would never
+#: have a choice (W1 KEY-20: 20 lanes, 16 workers and 4 backlog slots ran round-robin, its
+#: lanes ending up to 0.3 s apart). Two keep a worker that frees from waiting for the
+#: controller.
 LONGEST_FIRST_BACKLOG = 2
 #: Bundles (docs/performance.md#bundles): while calls are too long for chunks and far more
 #: records are ready than the workers can start (at least BUNDLE_READY times as many as a
@@ -1119,8 +1119,8 @@ class Controller:
         # Bundles: calls too long for chunks, and many more records ready than the workers
         # can start (see BUNDLES).
         bundle = self._bundle_size(limit) if chunk == 1 and self._bundles_on else 1
-        bundled: list[tuple[int, PollContext]] = []
-        bundled_tps: list[tuple[TopicPartition, ...]] = []
+        #: The bundle begun: each call with the partitions of its records.
+        bundled: list[tuple[int, PollContext, tuple[TopicPartition, ...]]] = []
         calls: list[tuple[int, PollContext]] = []
         # (a bundle begun is filled: it holds the one worker its first call took)
         while len(in_flight) < capacity or 0 < len(bundled) < bundle:
@@ -1177,12 +1177,10 @@ class Controller:
                 elif bundle > 1:
                     if bundled:
                         capacity += 1  # (a bundle holds one worker: its first call's)
-                    bundled.append((batch.id, context))
-                    bundled_tps.append(tuple(i.tp for i in batch.items))
+                    bundled.append((batch.id, context, tuple(i.tp for i in batch.items)))
                     if len(bundled) == bundle:
-                        self._submit_bundle(bundled, bundled_tps)
+                        self._submit_bundle(bundled)
                         bundled = []
-                        bundled_tps = []
                 elif single is not None:
                     single.append((batch.id, context))
                 else:
@@ -1194,12 +1192,13 @@ class Controller:
                 self._chunks_out = True
                 calls = []
         if len(bundled) == 1:
+            call, context, _ = bundled[0]
             if single is not None:
-                single.extend(bundled)
+                single.append((call, context))
             else:
-                submit(*bundled[0])
+                submit(call, context)
         elif bundled:
-            self._submit_bundle(bundled, bundled_tps)
+            self._submit_bundle(bundled)
         if single:
             self._runner.submit_many(single)  # type: ignore[attr-defined]
         if calls:
@@ -1225,14 +1224,16 @@ class Controller:
         return max(1, min(most, ready // (self._bundle_ready * limit)))
 
     def _submit_bundle(
-        self, calls: list[tuple[int, PollContext]], tps: list[tuple[TopicPartition, ...]]
+        self, calls: list[tuple[int, PollContext, tuple[TopicPartition, ...]]]
     ) -> None:
-        """Calls of different lanes, run one after another on one worker (a chunk: see
-        ``ThreadRunner.submit_chunk``, which also hands the rest of a stuck one to other
-        workers); the call limit counts the bundle as one worker until its calls are over."""
-        self._bundles.start([(call, tp) for (call, _), tp in zip(calls, tps, strict=True)])
+        """Calls of different lanes (each with the partitions of its records), run one after
+        another on one worker (a chunk: see ``ThreadRunner.submit_chunk``, which also hands
+        the rest of a stuck one to other workers); the call limit counts the bundle as one
+        worker until its calls are over."""
+        self._bundles.start([(call, tps) for call, _, tps in calls])
         self._counters.bundles += 1
-        self._runner.submit_chunk(calls)  # type: ignore[attr-defined]
+        chunk = [(call, context) for call, context, _ in calls]
+        self._runner.submit_chunk(chunk)  # type: ignore[attr-defined]
         self._chunks_out = True
 
     def _submit_chain(
@@ -1345,13 +1346,15 @@ class Controller:
         work_done = self._work_done
         chains = self._chains
         bundles = self._bundles
+        # (no chain or bundle begins while a report is handled: asked once per report)
+        grouped = bool(chains) or bool(bundles)
         for batch_id, errors, value, finished_at, partial in event.calls:
-            if chains or bundles:
+            if grouped:
                 # A call of a chain or a bundle began when the one before it ended, not at
                 # the hand-out: metrics and hooks time the call itself (slow_after, processing
                 # time).
-                began = chains.ended(batch_id, finished_at) if chains else None
-                if began is None and bundles:
+                began = chains.ended(batch_id, finished_at)
+                if began is None:
                     began = bundles.ended(batch_id, finished_at)
                 if began is not None:
                     self._in_flight.began(batch_id, began)

@@ -394,8 +394,8 @@ class ShardMap:
     def ready_count(self) -> int:
         """About how many records could be taken now, one after another: the ready lanes
         (KEY and PARTITION: a lane hands out one record at a time), or the waiting records
-        (UNORDERED). An estimate (lanes emptied by a revoke, or parked, still count until
-        a take passes them), for sizing hand-outs."""
+        (UNORDERED). An estimate for sizing hand-outs: a lane left in the ready queue that
+        a take would skip (rare: one held since) counts too."""
         return len(self._ready) if self._ordered else self.waiting
 
     def find(self, tp: TopicPartition, offset: int) -> WorkItem | None:
