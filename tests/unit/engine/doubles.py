@@ -122,6 +122,43 @@ class ChainTaker:
         return True
 
 
+class BundleTaker:
+    """A runner that takes single calls and chunks and runs nothing (the test reports)."""
+
+    capacity = 4
+    backlog = 1
+    runs = False
+
+    def __init__(self) -> None:
+        self.singles: list[tuple[int, PollContext]] = []
+        self.chunks: list[list[tuple[int, PollContext]]] = []
+
+    def start(self, handler: object, done: object) -> None:
+        pass
+
+    def submit(self, batch: int, context: PollContext) -> None:
+        self.singles.append((batch, context))
+
+    def submit_chunk(self, calls: list[tuple[int, PollContext]]) -> None:
+        self.chunks.append(list(calls))
+
+    def release_stuck(self, after: float) -> int:
+        return 0
+
+    def cancel_queued(self) -> list[int]:
+        taken = [batch for batch, _ in self.singles]
+        taken += [batch for chunk in self.chunks for batch, _ in chunk]
+        self.singles.clear()
+        self.chunks.clear()
+        return taken
+
+    def cancel(self, batch: int, error: BaseException | None = None) -> None:
+        pass
+
+    def stop(self, timeout: float) -> bool:
+        return True
+
+
 def stepped_controller(
     clock: FakeClock,
     hooks: Any = None,

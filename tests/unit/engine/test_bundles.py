@@ -7,55 +7,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict
 from concurrent.futures import Future
 
 import pytest
 from confluent_kafka import Message
-from doubles import stepped_controller
+from doubles import BundleTaker, stepped_controller
+from lane_log import Log, produce
 
 from parallel_consumer import NoHooks, Options, PollContext, ProcessingOrder
 from parallel_consumer._events import Control, RecordsPolled, WorkDone, WorkDoneMany
 from parallel_consumer.testing.clock import FakeClock
 
 TP = ("t", 0)
-
-
-class BundleTaker:
-    """A runner that takes single calls and chunks and runs nothing (the test reports)."""
-
-    capacity = 4
-    backlog = 1
-    runs = False
-
-    def __init__(self) -> None:
-        self.singles: list[tuple[int, PollContext]] = []
-        self.chunks: list[list[tuple[int, PollContext]]] = []
-
-    def start(self, handler: object, done: object) -> None:
-        pass
-
-    def submit(self, batch: int, context: PollContext) -> None:
-        self.singles.append((batch, context))
-
-    def submit_chunk(self, calls: list[tuple[int, PollContext]]) -> None:
-        self.chunks.append(list(calls))
-
-    def release_stuck(self, after: float) -> int:
-        return 0
-
-    def cancel_queued(self) -> list[int]:
-        taken = [batch for batch, _ in self.singles]
-        taken += [batch for chunk in self.chunks for batch, _ in chunk]
-        self.singles.clear()
-        self.chunks.clear()
-        return taken
-
-    def cancel(self, batch: int, error: BaseException | None = None) -> None:
-        pass
-
-    def stop(self, timeout: float) -> bool:
-        return True
 
 
 def stepped(
@@ -214,46 +177,6 @@ def test_calls_of_bundles_given_back_on_close_leave_no_worker_held():
 # -- the engine on the in-memory cluster, with the real thread runner ----------------------------
 
 
-class Log:
-    """What the handler saw: calls per record, the most calls at once, per-lane order."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.calls: dict[tuple[int, int], int] = defaultdict(int)
-        self.succeeded: dict[object, list[int]] = defaultdict(list)
-        self.active = 0
-        self.most = 0
-        self.lanes_active: dict[object, int] = defaultdict(int)
-        self.overlaps: list[object] = []
-
-    def enter(self, lane: object, partition: int, offset: int) -> None:
-        with self.lock:
-            self.calls[(partition, offset)] += 1
-            self.active += 1
-            self.most = max(self.most, self.active)
-            self.lanes_active[lane] += 1
-            if self.lanes_active[lane] > 1:
-                self.overlaps.append(lane)
-
-    def leave(self, lane: object, offset: int, ok: bool) -> None:
-        with self.lock:
-            self.active -= 1
-            self.lanes_active[lane] -= 1
-            if ok:
-                self.succeeded[lane].append(offset)
-
-    def count(self) -> int:
-        with self.lock:
-            return sum(len(v) for v in self.succeeded.values())
-
-
-def produce(cluster, n: int, keys: int, partitions: int = 2) -> None:
-    cluster.create_topic("t", partitions)
-    with cluster._cond:
-        for i in range(n):
-            cluster.produce("t", b"%d" % i, key=b"k%d" % (i % keys), partition=i % partitions)
-
-
 def test_bundles_keep_the_call_limit_and_key_order_through_failures(harness, cluster, wait_until):
     # Given 3,000 records of 600 keys on 2 partitions, calls of 3 ms, 8 workers, and a tenth
     # of first attempts failing
@@ -262,7 +185,7 @@ def test_bundles_keep_the_call_limit_and_key_order_through_failures(harness, clu
 
     def handle(ctx: PollContext) -> None:
         lane = (ctx.partition, ctx.key)
-        log.enter(lane, ctx.partition, ctx.offset)
+        log.enter(lane, ctx.offset)
         time.sleep(0.003)
         failed = ctx.attempts == 0 and ctx.offset % 10 == 3
         log.leave(lane, ctx.offset, not failed)
@@ -295,7 +218,7 @@ def test_a_hung_call_in_a_bundle_holds_only_its_own_record(harness, cluster, wai
     hung = 600
 
     def handle(ctx: PollContext) -> None:
-        log.enter(ctx.key, ctx.partition, ctx.offset)
+        log.enter(ctx.key, ctx.offset)
         if ctx.offset == hung:
             release.wait(60)
         else:
@@ -310,7 +233,7 @@ def test_a_hung_call_in_a_bundle_holds_only_its_own_record(harness, cluster, wai
         wait_until(lambda: log.count() >= 1_999, timeout=60)
         assert pc.statistics().bundles > 0
         with log.lock:
-            assert (0, hung) in log.calls
+            assert (b"k%d" % hung, hung) in log.calls
             assert all(hung not in offsets for offsets in log.succeeded.values())
     finally:
         release.set()
@@ -328,7 +251,7 @@ def test_no_handler_call_starts_after_close_while_bundles_are_out(harness, clust
     def handle(ctx: PollContext) -> None:
         if closed.is_set():
             late.append(ctx.offset)
-        log.enter(ctx.key, ctx.partition, ctx.offset)
+        log.enter(ctx.key, ctx.offset)
         time.sleep(0.003)
         log.leave(ctx.key, ctx.offset, True)
 

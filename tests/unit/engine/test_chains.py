@@ -6,47 +6,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict
 
 import pytest
+from lane_log import Log, produce
 
 from parallel_consumer import Options, PollContext, ProcessingOrder
-
-
-class Log:
-    """Per lane: the offsets whose calls succeeded, in the order they ran; lanes run twice at
-    once; calls per record."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.succeeded: dict[object, list[int]] = defaultdict(list)
-        self.calls: dict[tuple[object, int], int] = defaultdict(int)
-        self.active: dict[object, int] = defaultdict(int)
-        self.overlaps: list[object] = []
-
-    def enter(self, lane: object, offset: int) -> None:
-        with self.lock:
-            self.active[lane] += 1
-            self.calls[(lane, offset)] += 1
-            if self.active[lane] > 1:
-                self.overlaps.append(lane)
-
-    def leave(self, lane: object, offset: int, ok: bool) -> None:
-        with self.lock:
-            self.active[lane] -= 1
-            if ok:
-                self.succeeded[lane].append(offset)
-
-    def count(self) -> int:
-        with self.lock:
-            return sum(len(v) for v in self.succeeded.values())
-
-
-def produce(cluster, n: int, keys: int, partitions: int = 2) -> None:
-    cluster.create_topic("t", partitions)
-    with cluster._cond:
-        for i in range(n):
-            cluster.produce("t", b"%d" % i, key=b"k%d" % (i % keys), partition=i % partitions)
 
 
 def test_calls_of_a_millisecond_run_in_chains_and_keep_key_order_through_failures(

@@ -9,7 +9,7 @@ from concurrent.futures import Future
 
 import pytest
 from confluent_kafka import Message
-from doubles import StuckPoller, stepped_controller
+from doubles import BundleTaker, StuckPoller, stepped_controller
 
 from parallel_consumer import NoHooks, Options, PollContext, ProcessingOrder
 from parallel_consumer import _controller as controller_module
@@ -29,44 +29,18 @@ from parallel_consumer.testing.clock import FakeClock
 TP = ("t", 0)
 
 
-class Taker:
-    """Takes single calls, chunks (bundles) and chains; runs nothing."""
-
-    capacity = 4
-    backlog = 1
-    runs = False
+class Taker(BundleTaker):
+    """Takes chains too (and runs nothing)."""
 
     def __init__(self) -> None:
-        self.singles: list[tuple[int, PollContext]] = []
-        self.chunks: list[list[tuple[int, PollContext]]] = []
+        super().__init__()
         self.chains: list[list[tuple[int, PollContext]]] = []
-
-    def start(self, handler: object, done: object) -> None:
-        pass
-
-    def submit(self, batch: int, context: PollContext) -> None:
-        self.singles.append((batch, context))
-
-    def submit_chunk(self, calls: list[tuple[int, PollContext]]) -> None:
-        self.chunks.append(list(calls))
 
     def submit_chain(self, calls: list[tuple[int, PollContext]]) -> None:
         self.chains.append(list(calls))
 
     def take_back_chain(self, chain: int) -> tuple[list[object], list[int]]:
         return [], []
-
-    def release_stuck(self, after: float) -> int:
-        return 0
-
-    def cancel_queued(self) -> list[int]:
-        return []
-
-    def cancel(self, batch: int, error: BaseException | None = None) -> None:
-        pass
-
-    def stop(self, timeout: float) -> bool:
-        return True
 
 
 def test_a_bundle_left_open_by_chains_does_not_lend_its_reserve_to_them():

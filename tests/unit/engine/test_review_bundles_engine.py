@@ -9,15 +9,9 @@ import time
 from collections import defaultdict
 
 import pytest
+from lane_log import produce
 
 from parallel_consumer import Options, PollContext, ProcessingOrder, ProducerRecord
-
-
-def produce(cluster, n: int, keys: int, partitions: int = 1) -> None:
-    cluster.create_topic("t", partitions)
-    with cluster._cond:
-        for i in range(n):
-            cluster.produce("t", b"%d" % i, key=b"k%d" % (i % keys), partition=i % partitions)
 
 
 def settled(pc) -> bool:
@@ -26,7 +20,7 @@ def settled(pc) -> bool:
 
 
 def test_stall_dead_letter_of_a_hung_bundled_call(harness, cluster, clock, wait_until):
-    produce(cluster, 1_500, keys=1_500)
+    produce(cluster, 1_500, keys=1_500, partitions=1)
     cluster.create_topic("dlq")
     done: set[int] = set()
     release = threading.Event()
@@ -99,7 +93,7 @@ def test_poll_and_produce_in_key_order_with_bundles(harness, cluster, wait_until
 
 @pytest.mark.parametrize("drain", [True, False])
 def test_close_with_bundles_out_leaves_nothing_counted(harness, cluster, wait_until, drain):
-    produce(cluster, 3_000, keys=3_000)
+    produce(cluster, 3_000, keys=3_000, partitions=1)
     seen: list[int] = []
 
     def handle(ctx: PollContext) -> None:
