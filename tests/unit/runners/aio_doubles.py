@@ -1,55 +1,27 @@
 """What the asyncio runner's tests share: a record's context, the ``done`` callback that
-collects results, and starting a runner (stopped by each module's ``runners`` fixture)."""
+collects results (``Results``, from ``collect``), and starting a runner (stopped by each
+module's ``runners`` fixture)."""
 
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
-import time
 from collections.abc import Callable
 
+from collect import Results
 from confluent_kafka import Message
 
 from parallel_consumer._clock import SystemClock
-from parallel_consumer._events import WorkDone, WorkDoneMany
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.hooks import NoHooks
 from parallel_consumer.runners import AsyncioRunner
+
+__all__ = ["Results", "context", "start"]
 
 
 def context(offset: int) -> PollContext:
     message = Message(topic="t", partition=0, offset=offset, key=b"k", value=b"v")
     return PollContext([RecordContext(message)])
-
-
-class Results:
-    """The ``done`` callback: collects the calls' results from the loop thread (a
-    ``WorkDoneMany`` reports the calls that ended in one pass of the loop)."""
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[WorkDone] = queue.SimpleQueue()
-        self.events = 0
-
-    def __call__(self, event: WorkDone | WorkDoneMany) -> None:
-        self.events += 1
-        if isinstance(event, WorkDoneMany):
-            for call in event.calls:
-                self._queue.put(WorkDone(*call))
-        else:
-            self._queue.put(event)
-
-    def take(self, count: int, timeout: float = 10.0) -> dict[int, WorkDone]:
-        deadline = time.monotonic() + timeout
-        out: dict[int, WorkDone] = {}
-        while len(out) < count:
-            event = self._queue.get(timeout=max(0.01, deadline - time.monotonic()))
-            assert event.batch not in out, f"call {event.batch} reported twice"
-            out[event.batch] = event
-        return out
-
-    def empty(self) -> bool:
-        return self._queue.empty()
 
 
 def start(

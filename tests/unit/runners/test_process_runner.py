@@ -8,7 +8,6 @@ Each test starts real processes (about a second on a busy machine), so there are
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
 from collections import defaultdict
@@ -16,11 +15,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from collect import Results
 from confluent_kafka import Message
 
 from parallel_consumer import ConfigurationError, Options, ParallelConsumer, PollContext
 from parallel_consumer._clock import SystemClock
-from parallel_consumer._events import WorkDone
 from parallel_consumer.context import RecordContext
 from parallel_consumer.hooks import NoHooks
 from parallel_consumer.runners import ProcessRunner, RemoteError, WorkerCrashed
@@ -114,23 +113,6 @@ def context(
         timestamp=(1, 1_700_000_000_123),
     )
     return PollContext([RecordContext(message, attempts=1)])
-
-
-class Results:
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[WorkDone] = queue.SimpleQueue()
-
-    def __call__(self, event: WorkDone) -> None:
-        self._queue.put(event)
-
-    def take(self, count: int, timeout: float = 20.0) -> dict[int, WorkDone]:
-        deadline = time.monotonic() + timeout
-        out: dict[int, WorkDone] = {}
-        while len(out) < count:
-            event = self._queue.get(timeout=max(0.01, deadline - time.monotonic()))
-            assert event.batch not in out, f"call {event.batch} reported twice"
-            out[event.batch] = event
-        return out
 
 
 class CallLog(NoHooks):
