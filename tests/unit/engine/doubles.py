@@ -10,6 +10,7 @@ from parallel_consumer._controller import Controller
 from parallel_consumer._events import Assignment, Commit, PartitionsAssigned, PollerCommand
 from parallel_consumer.commit import ConsumerCommitter
 from parallel_consumer.context import PollContext
+from parallel_consumer.hooks import NoHooks
 from parallel_consumer.status import PollerStatistics
 from parallel_consumer.testing.clock import FakeClock
 from parallel_consumer.work.commits import CommitAnswer
@@ -120,6 +121,16 @@ class ChainTaker:
 
     def stop(self, timeout: float) -> bool:
         return True
+
+
+class Durations(NoHooks):
+    """Hooks that keep each call's duration as ``on_work_done`` reports it."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, float] = {}
+
+    def on_work_done(self, batch: int, errors: object, duration: float) -> None:
+        self.seen[batch] = duration
 
 
 class BundleTaker:

@@ -11,10 +11,10 @@ from concurrent.futures import Future
 
 import pytest
 from confluent_kafka import Message
-from doubles import BundleTaker, stepped_controller
+from doubles import BundleTaker, Durations, stepped_controller
 from lane_log import Log, produce
 
-from parallel_consumer import NoHooks, Options, PollContext, ProcessingOrder
+from parallel_consumer import Options, PollContext, ProcessingOrder
 from parallel_consumer._events import Control, RecordsPolled, WorkDone, WorkDoneMany
 from parallel_consumer.testing.clock import FakeClock
 
@@ -140,13 +140,6 @@ def test_in_key_order_a_bundle_holds_at_most_one_record_of_a_lane():
 
 
 def test_a_bundled_call_is_timed_from_the_end_of_the_call_before_it():
-    class Durations(NoHooks):
-        def __init__(self) -> None:
-            self.seen: dict[int, float] = {}
-
-        def on_work_done(self, batch, errors, duration):
-            self.seen[batch] = duration
-
     hooks = Durations()
     controller, runner, clock = stepped(0.003, 100, hooks=hooks, ordering=ProcessingOrder.UNORDERED)
     ids = [batch for batch, _ in runner.chunks[0]]

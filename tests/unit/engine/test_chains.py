@@ -100,18 +100,10 @@ def test_a_chained_call_is_timed_from_the_end_of_the_call_before_it():
     """Metrics (slow_after, processing time) and on_work_done time a call, not its wait behind
     the calls before it in its chain: a fast record after a slow one is not slow."""
     from confluent_kafka import Message
-    from doubles import ChainTaker, stepped_controller
+    from doubles import ChainTaker, Durations, stepped_controller
 
-    from parallel_consumer import NoHooks
     from parallel_consumer._events import RecordsPolled, WorkDoneMany
     from parallel_consumer.testing.clock import FakeClock
-
-    class Durations(NoHooks):
-        def __init__(self) -> None:
-            self.seen: dict[int, float] = {}
-
-        def on_work_done(self, batch, errors, duration):
-            self.seen[batch] = duration
 
     runner = ChainTaker()
     clock = FakeClock()

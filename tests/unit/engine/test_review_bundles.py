@@ -9,9 +9,9 @@ from concurrent.futures import Future
 
 import pytest
 from confluent_kafka import Message
-from doubles import BundleTaker, StuckPoller, stepped_controller
+from doubles import BundleTaker, Durations, StuckPoller, stepped_controller
 
-from parallel_consumer import NoHooks, Options, PollContext, ProcessingOrder
+from parallel_consumer import Options, PollContext, ProcessingOrder
 from parallel_consumer import _controller as controller_module
 from parallel_consumer._controller import Controller
 from parallel_consumer._events import (
@@ -143,13 +143,6 @@ def test_a_bundle_call_run_by_another_worker_is_timed_as_the_call_itself():
     workers, each reported alone (WorkDone, took=3 ms). Their on_work_done duration (and the
     metrics' slow_after check) count from the bundle's hand-out: the 50 ms wait behind a, not
     the 3 ms call. (WorkDone.took, or finished_at - took, is at hand.)"""
-
-    class Durations(NoHooks):
-        def __init__(self) -> None:
-            self.seen: dict[int, float] = {}
-
-        def on_work_done(self, batch, errors, duration):
-            self.seen[batch] = duration
 
     hooks = Durations()
     runner = Taker()
