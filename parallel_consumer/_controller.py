@@ -1220,7 +1220,7 @@ class Controller:
         most = min(self._bundle_most, int(BUNDLE_SECONDS / service))
         if most < 2:
             return 1
-        ready = self._shards.ready_count() // self._options.batch_size
+        ready = self._shards.ready_count(self._commits.blocked) // self._options.batch_size
         return max(1, min(most, ready // (self._bundle_ready * limit)))
 
     def _submit_bundle(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from parallel_consumer.options import ProcessingOrder
@@ -391,12 +391,24 @@ class ShardMap:
     def has_ready(self) -> bool:
         return bool(self._ready)
 
-    def ready_count(self) -> int:
+    def ready_count(self, blocked: Mapping[TopicPartition, int]) -> int:
         """About how many records could be taken now, one after another: the ready lanes
-        (KEY and PARTITION: a lane hands out one record at a time), or the waiting records
-        (UNORDERED). An estimate for sizing hand-outs: a lane left in the ready queue that
-        a take would skip (rare: one held since) counts too."""
-        return len(self._ready) if self._ordered else self.waiting
+        (KEY and PARTITION: a lane hands out one record at a time), or their waiting records
+        (UNORDERED). Lanes whose head waits behind their blocked partition's limit (see
+        :meth:`take`) do not count. An estimate for sizing hand-outs: a lane left in the ready
+        queue that a take would skip (rare: one held since) counts too."""
+        ready: Collection[Shard] = self._ready
+        if blocked:
+            ready = [  # (rare: a partition whose offset map is too large)
+                shard
+                for shard in ready
+                if shard.tp not in blocked
+                or not shard.queue
+                or shard.queue[0].offset < blocked[shard.tp]
+            ]
+        if self._ordered:
+            return len(ready)
+        return sum(len(shard.queue) for shard in ready)
 
     def find(self, tp: TopicPartition, offset: int) -> WorkItem | None:
         """The record at ``offset`` of ``tp`` if it waits in a lane (a scan: for rare uses,

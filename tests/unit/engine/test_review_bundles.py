@@ -27,6 +27,7 @@ from parallel_consumer.runners.threads import ThreadRunner
 from parallel_consumer.testing.clock import FakeClock
 
 TP = ("t", 0)
+T_0, T_1 = ("t", 0), ("t", 1)
 
 
 class Taker(BundleTaker):
@@ -227,4 +228,57 @@ def test_revoked_lanes_do_not_make_bundles_of_the_few_lanes_left():
     assert handed == controller._call_limit(), (
         f"{[len(c) for c in runner.chunks]} bundles and {len(runner.singles)} singles "
         f"for 8 records and {controller._call_limit()} slots"
+    )
+
+
+# -- second review (3859b99): records parked behind a blocked partition -------------------------
+
+
+def _play(controller, runner, clock, fail):
+    """Report every call handed out (singles only), failing offsets for which fail() holds."""
+    while runner.singles:
+        calls, runner.singles[:] = list(runner.singles), []
+        for batch, ctx in calls:
+            err = RuntimeError("down") if fail(ctx) else None
+            controller.post(WorkDone(batch, (err,), None, clock.monotonic()))
+        controller.run_once(block=False)
+
+
+def test_records_of_a_blocked_unordered_partition_do_not_size_bundles():
+    """UNORDERED. t[0] is blocked (offset map too large: holes waiting for a 100 s retry) and
+    holds 200 parked records; t[1] has 8 ready records, calls of 3 ms, 5 call slots.
+    ready_count() is ShardMap.waiting, which counts t[0]'s parked records: the pass sizes
+    bundles for 208 ready records and hands t[1]'s 8 out as two bundles of 4 on two workers,
+    while three slots stay empty, for as long as t[0] stays blocked (nothing corrects it, unlike
+    the KEY-order parked lanes a take drops from the ready queue)."""
+    runner = BundleTaker()
+    clock = FakeClock()
+    controller = stepped_controller(
+        clock,
+        options=Options(
+            ordering=ProcessingOrder.UNORDERED,
+            commit_interval=1,
+            retry_delay=100,
+            max_metadata_bytes=16,
+        ),
+        runner=runner,
+    )
+    controller.post(PartitionsAssigned((Assignment(T_1, 1, None, None),)))
+    controller.post(
+        RecordsPolled({T_0: (1, [Message(topic="t", partition=0, offset=o) for o in range(40)])})
+    )
+    controller.run_once(block=False)
+    _play(controller, runner, clock, lambda ctx: ctx.offset % 4 == 1)
+    clock.advance(1.1)
+    controller.run_once(block=False)
+    assert T_0 in controller._commits.blocked
+    parked = [Message(topic="t", partition=0, offset=o) for o in range(40, 240)]
+    ready = [Message(topic="t", partition=1, offset=o) for o in range(8)]
+    controller._observe_service(0.003)
+    controller.post(RecordsPolled({T_0: (1, parked), T_1: (1, ready)}))
+    controller.run_once(block=False)
+    handed = len(runner.singles) + len(runner.chunks)
+    assert handed == min(8, controller._call_limit()), (
+        f"{[len(c) for c in runner.chunks]} bundles and {len(runner.singles)} singles "
+        f"for 8 runnable records and {controller._call_limit()} slots"
     )
