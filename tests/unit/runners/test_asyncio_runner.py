@@ -219,14 +219,22 @@ def test_cancel_queued_takes_back_calls_that_did_not_start(runners):
 
 
 def test_stop_waits_for_running_calls_within_the_timeout(runners):
+    # Given 20 calls that have all entered the handler (a call whose task had not taken its
+    # first step when stop() came never starts: waiting for a fixed time instead made this
+    # test fail on a loaded machine)
+    entered = threading.Semaphore(0)
+
     async def handle(ctx: PollContext) -> int:
+        entered.release()
         await asyncio.sleep(0.1)
         return ctx.offset
 
     results = start(runners, handle)
     for i in range(20):
         runners[0].submit(i, context(i))
-    time.sleep(0.02)
+    for _ in range(20):
+        assert entered.acquire(timeout=10)
+    # When the runner stops with time to spare, then every running call ends on its own
     assert runners[0].stop(5.0) is True
     assert all(e.errors == (None,) for e in results.take(20).values())
 
