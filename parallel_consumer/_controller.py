@@ -1336,7 +1336,11 @@ class Controller:
         self._next_stuck_check = real_now + STUCK_CHECK_EVERY
         if self._runs.active:
             self._check_runs(time.perf_counter())
-        moved = self._runner.release_stuck(STUCK_AFTER)  # type: ignore[attr-defined]
+        # (the finished calls it reports are handled now, not posted: a revoke handled before
+        # them would leave them out of its final commit)
+        moved = self._runner.release_stuck(  # type: ignore[attr-defined]
+            STUCK_AFTER, self._on_chunk_done
+        )
         if moved:
             log.debug("%d calls of stuck chunks handed to other workers", moved)
 

@@ -21,6 +21,7 @@ from parallel_consumer._events import (
     PartitionsRevoked,
     RecordsPolled,
     WorkDone,
+    WorkDoneMany,
 )
 from parallel_consumer.commit import ConsumerCommitter
 from parallel_consumer.runners.threads import ThreadRunner
@@ -282,3 +283,53 @@ def test_records_of_a_blocked_unordered_partition_do_not_size_bundles():
         f"{[len(c) for c in runner.chunks]} bundles and {len(runner.singles)} singles "
         f"for 8 runnable records and {controller._call_limit()} slots"
     )
+
+
+# -- a revoke that came in while the stuck check ran ----------------------------------------------
+
+
+class StuckReporter(BundleTaker):
+    """Its stuck check finds the first call of the first bundle finished (the rest hangs) and
+    reports it the way the thread runner does; meanwhile the poller posted a revoke of t[0]."""
+
+    controller: Controller
+
+    def release_stuck(self, after: float, report: object = None) -> int:
+        if not self.chunks:
+            return 0
+        reply: Future[None] = Future()
+        self.controller.post(PartitionsRevoked((TP,), reply))  # (the poller, meanwhile)
+        batch = self.chunks[0][0][0]
+        event = WorkDoneMany([(batch, (None,), None, 0.0, False)], 0.003)
+        if callable(report):
+            report(event)
+        else:  # (as before: posted, behind the revoke)
+            self.controller.post(event)
+        return 0
+
+
+def test_a_revoke_posted_during_the_stuck_check_commits_the_calls_it_reported():
+    """The stuck check reports the finished calls of a stuck bundle. Posted as an event they
+    came behind a revoke the poller posted while the check ran: the revoke's final commit left
+    them out (_settle_bundled no longer found them in the bundle), and the partition's next
+    owner ran them again. The controller now handles them at once."""
+    runner = StuckReporter()
+    clock = FakeClock()
+    controller = stepped_controller(
+        clock,
+        options=Options(ordering=ProcessingOrder.UNORDERED, commit_interval=1000),
+        runner=runner,
+    )
+    runner.controller = controller
+    controller._observe_service(0.003)
+    messages = [Message(topic="t", partition=0, offset=o, key=b"k%d" % o) for o in range(100)]
+    controller.post(RecordsPolled({TP: (1, messages)}))
+    controller.run_once(block=False)
+    assert runner.chunks
+    assert runner.chunks[0][0][1].offset == 0
+    controller._next_stuck_check = 0.0  # (the check is due)
+    controller.run_once(block=False)  # the stuck check
+    controller.run_once(block=False)  # the revoke
+    poller = controller._poller
+    commits = [c for cmd in poller.commands if isinstance(cmd, Commit) for c in cmd.offsets]
+    assert [(c.tp, c.offset) for c in commits] == [(TP, 1)]

@@ -251,6 +251,33 @@ def test_release_stuck_reports_a_chains_finished_calls_but_never_moves_the_rest(
     assert len({name for _, name in seen}) == 1
 
 
+def test_release_stuck_hands_its_report_to_the_caller_when_asked(
+    runners: list[ThreadRunner],
+) -> None:
+    # Given a chunk whose second call hangs
+    release = threading.Event()
+    seen: list[int] = []
+
+    def handle(ctx: PollContext) -> None:
+        seen.append(ctx.offset)
+        if ctx.offset == 1:
+            release.wait(10)
+
+    events = start(runners, handle, capacity=1)
+    runner = runners[0]
+    runner.submit_chunk([(i + 1, context(i)) for i in range(3)])
+    while len(seen) < 2:
+        threading.Event().wait(0.001)
+    # When the controller's stuck check passes its own report callback
+    reported: list[WorkDoneMany] = []
+    moved = runner.release_stuck(0.0, reported.append)
+    # Then the finished call comes back to it at once, not as a posted event
+    assert moved == 1
+    assert [[call[0] for call in event.calls] for event in reported] == [[1]]
+    assert events.empty()
+    release.set()
+
+
 def test_queued_chain_calls_are_taken_back_on_close(runners: list[ThreadRunner]) -> None:
     gate = threading.Event()
     running = threading.Event()
