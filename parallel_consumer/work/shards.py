@@ -25,6 +25,8 @@ __all__ = ["LONGEST_LOOK", "PASSED_MOST", "Shard", "ShardMap", "shard_key_for"]
 LONGEST_LOOK = 32
 #: A lane passed over this many times for longer ones goes next (see take_longest).
 PASSED_MOST = 8
+#: Dropped lanes kept for reuse as new ones.
+SPARE_LANES = 1024
 
 
 def shard_key_for(ordering: ProcessingOrder, tp: TopicPartition, key: bytes | None) -> object:
@@ -95,6 +97,8 @@ class ShardMap:
         self.waiting = 0
         #: Lanes per partition (a partition without lanes hands all its records to runs).
         self._lanes_by_tp: dict[TopicPartition, int] = {}
+        #: Dropped lanes kept for reuse (see _new_shard), at most SPARE_LANES.
+        self._spare: list[Shard] = []
 
     # -- registration -------------------------------------------------------------------------
 
@@ -449,7 +453,18 @@ class ShardMap:
         return head
 
     def _new_shard(self, key: object, tp: TopicPartition) -> Shard:
-        shard = self._shards[key] = Shard(key, tp)
+        spare = self._spare
+        if spare:
+            # (KEY order with many keys makes and drops a lane per record: reusing them spares
+            # the allocations, and the garbage collector the passes they would trigger)
+            shard = spare.pop()
+            shard.key = key
+            shard.tp = tp
+            shard.busy = shard.passed = 0
+            shard.removed = False
+        else:
+            shard = Shard(key, tp)
+        self._shards[key] = shard
         lanes = self._lanes_by_tp
         lanes[tp] = lanes.get(tp, 0) + 1
         if self._stale_running:
@@ -467,6 +482,10 @@ class ShardMap:
             lanes[shard.tp] = count - 1
         else:
             lanes.pop(shard.tp, None)
+        if not shard.scheduled and not shard.queue and len(self._spare) < SPARE_LANES:
+            # Nothing refers to it any more (a lane in the ready queue or parked is scheduled;
+            # take() skips it there as removed): it may serve as the next new lane.
+            self._spare.append(shard)
 
     def _schedule(self, shard: Shard) -> None:
         if shard.scheduled or shard.removed or not shard.queue:

@@ -387,3 +387,40 @@ class TestChains:
         chains.over(9)
         assert (chains.extra, chains.by_tp, bool(chains)) == (0, {}, False)
         assert chains.ended(9, 2.0) is None  # (no longer a chain's call)
+
+
+class TestSpareLanes:
+    """KEY order with many keys makes and drops a lane per record; dropped lanes are reused."""
+
+    def test_a_lane_made_from_a_dropped_one_starts_afresh(self):
+        shards = ShardMap(ProcessingOrder.KEY)
+        first = item(0, b"a")
+        shards.add(TP, [first])
+        assert shards.take({}) is first
+        dropped = shards._shards[first.shard_key]
+        dropped.passed = 5
+        shards.finished(first)  # lane a is dropped, and kept
+        # Lane b is held (its outputs are on their way) before it exists
+        second = item(1, b"b")
+        shards.hold([second.shard_key])
+        shards.add(TP, [second])
+        lane = shards._shards[second.shard_key]
+        assert lane is dropped
+        assert (lane.key, lane.busy, lane.passed, lane.removed) == (second.shard_key, 1, 0, False)
+        assert shards.take({}) is None  # held
+        shards.release([second.shard_key])
+        assert shards.take({}) is second
+
+    def test_a_lane_dropped_while_in_the_ready_queue_is_not_reused(self):
+        shards = ShardMap(ProcessingOrder.KEY)
+        waiting = item(0, b"a")
+        shards.add(TP, [waiting])  # lane a is in the ready queue
+        assert shards.take_idle(waiting.shard_key) == [waiting]  # dropped while still there
+        [stale] = shards._ready
+        assert stale.removed
+        assert not shards._spare
+        second = item(1, b"b")
+        shards.add(TP, [second])
+        assert shards._shards[second.shard_key] is not stale
+        assert shards.take({}) is second
+        assert shards.take({}) is None
