@@ -182,9 +182,11 @@ def test_cancel_ends_a_running_call_with_the_given_error(runners):
 def test_cancel_of_a_call_not_started_reports_it_without_running_it(runners):
     # Given capacity 1, taken by a call that waits forever, and call 2 queued behind it
     ran = []
+    entered = threading.Event()
 
     async def handle(ctx: PollContext) -> None:
         ran.append(ctx.offset)
+        entered.set()
         await asyncio.Event().wait()
 
     results = start(runners, handle, capacity=1)
@@ -192,24 +194,30 @@ def test_cancel_of_a_call_not_started_reports_it_without_running_it(runners):
     runners[0].submit(2, context(2))
     # When call 2 is cancelled
     runners[0].cancel(2, TimeoutError("late"))
-    # Then it reports the error and never runs
+    # Then it reports the error and never runs (call 1 is waited for, not given a fixed 50 ms:
+    # on a loaded machine its task may not have taken its first step by then)
     assert isinstance(results.take(1)[2].errors[0], TimeoutError)
-    time.sleep(0.05)
+    assert entered.wait(10)
+    assert settled(runners[0])
     assert ran == [1]
 
 
 def test_cancel_queued_takes_back_calls_that_did_not_start(runners):
     gate = threading.Event()
+    entered = threading.Event()
     ran = []
 
     async def handle(ctx: PollContext) -> None:
         ran.append(ctx.offset)
+        entered.set()
         await asyncio.to_thread(gate.wait, 10)
 
     results = start(runners, handle, capacity=1)
     for i in range(1, 4):
         runners[0].submit(i, context(i))
-    time.sleep(0.05)
+    # (once call 1 is in the handler the loop has taken it from the queue: a fixed 50 ms
+    # could pass before the loop thread ran at all, and then all three were still queued)
+    assert entered.wait(10)
     assert runners[0].cancel_queued() == [2, 3]
     gate.set()
     assert set(results.take(1)) == {1}
@@ -424,12 +432,15 @@ def test_a_task_cancelled_before_its_first_step_is_reported_once_without_running
     # Given a loop blocked by call 1, with call 2 submitted behind it
     ran = []
     blocked = threading.Event()
+    unblock = threading.Event()
 
     async def handle(ctx: PollContext) -> None:
         ran.append(ctx.offset)
         if ctx.offset == 1:
             blocked.set()
-            time.sleep(0.3)  # blocks the loop: what follows is queued behind it
+            # blocks the loop until the test has queued what follows behind it (a fixed
+            # 0.3 s was not always enough for the test thread on a loaded machine)
+            unblock.wait(10)
 
     results = start(runners, handle)
     runner = runners[0]
@@ -440,6 +451,7 @@ def test_a_task_cancelled_before_its_first_step_is_reported_once_without_running
     # task's first step (its body never runs: only a done callback can report it)
     assert runner._loop is not None
     runner._loop.call_soon_threadsafe(runner._cancel_task, 2, TimeoutError("too late"))
+    unblock.set()
     # Then it is reported once, with that error, and the handler never ran for it
     done = results.take(2)
     assert done[1].errors == (None,)

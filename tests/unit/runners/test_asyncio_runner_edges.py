@@ -8,7 +8,6 @@ import asyncio
 import collections.abc
 import gc
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -100,13 +99,16 @@ def wrapping_loop() -> asyncio.AbstractEventLoop:
 def test_a_cancel_before_the_first_step_reports_the_latest_reason_once(runners, factory):
     # Given a loop blocked by call 1, and call 2 submitted behind it
     blocked = threading.Event()
+    unblock = threading.Event()
     ran = []
 
     async def handle(ctx: PollContext) -> None:
         ran.append(ctx.offset)
         if ctx.offset == 1:
             blocked.set()
-            time.sleep(0.3)
+            # blocks the loop until the test has queued what follows behind it (a fixed
+            # 0.3 s was not always enough for the test thread on a loaded machine)
+            unblock.wait(10)
         await asyncio.sleep(10)
 
     results = start(runners, handle, capacity=5, loop_factory=factory)
@@ -120,6 +122,7 @@ def test_a_cancel_before_the_first_step_reports_the_latest_reason_once(runners, 
     on_loop(runner, runner._cancel_task, 2, TimeoutError("second"))
     runner.cancel(1, TimeoutError("first"))
     runner.cancel(1, TimeoutError("second"))
+    unblock.set()
     # Then each reports once, with the latest reason, and call 2 never ran
     done = results.take(2)
     assert str(done[1].errors[0]) == "second"

@@ -47,8 +47,13 @@ def describe(ctx: PollContext) -> object:
         return threading.Lock()
     if record.value == b"exit":
         os._exit(7)
-    if record.value == b"sleep-then-exit":
-        time.sleep(0.3)
+    if record.value == b"exit-when-told":
+        # Say it runs (file ``started``), then die once file ``go`` exists
+        files = {k: Path(v.decode()) for k, v in record.headers or () if v is not None}
+        files["started"].touch()
+        deadline = time.monotonic() + 30
+        while not files["go"].exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         os._exit(9)
     try:
         record.message  # noqa: B018 - the attribute itself is the check
@@ -248,15 +253,24 @@ def test_stop_ends_the_workers_and_the_pool_thread(runner):
             process.is_alive()  # closed: it exited and was released
 
 
-def test_a_worker_that_dies_while_the_runner_stops_still_reports_its_call(runner):
-    # Given a call that kills its worker process 0.3 s in
-    process_runner, results, hooks = runner
-    process_runner.submit(1, context(1, b"sleep-then-exit"))
-    deadline = time.monotonic() + 10
-    while not hooks.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    # When the runner stops meanwhile
-    process_runner.stop(5.0)
+def test_a_worker_that_dies_while_the_runner_stops_still_reports_its_call(runner, tmp_path):
+    # Given a call running in its worker process (waited for: a call only shipped to the worker,
+    # as on_call_start says, may not have started when the stop reaches the worker, and a
+    # worker that stops cleanly reports nothing of what it held, which made this test fail on
+    # a loaded machine)
+    process_runner, results, _ = runner
+    started, go = tmp_path / "started", tmp_path / "go"
+    headers = [("started", str(started).encode()), ("go", str(go).encode())]
+    process_runner.submit(1, context(1, b"exit-when-told", headers=headers))
+    wait_until(started.exists)
+    # When the runner stops, and the call kills its worker meanwhile (not after a fixed 0.3 s:
+    # before the stop, the worker would be replaced)
+    stopper = threading.Thread(target=process_runner.stop, args=(5.0,))
+    stopper.start()
+    wait_until(lambda: not process_runner._open)
+    go.touch()
+    stopper.join(15)
+    assert not stopper.is_alive()
     # Then the call reports WorkerCrashed (its record will be retried), and no replacement starts
     error = results.take(1)[1].errors[0]
     assert isinstance(error, WorkerCrashed)
