@@ -338,3 +338,38 @@ def test_an_engine_that_finished_everything_commits_without_waiting_for_the_inte
     assert cluster.committed("g", "t", 0) == (5, None)
     clock.advance(0.6)
     wait_until(lambda: cluster.committed("g", "t", 0) == (6, None))
+
+
+def test_consume_waits_briefly_while_records_are_held_so_commits_go_out_soon(
+    harness, cluster, wait_until
+):
+    """A command cannot wake a consume() in progress: while records are held (a commit is
+    coming) or a commit is on its way, consume() waits BUSY_POLL_TIMEOUT, not POLL_TIMEOUT (a
+    burst's last commit waited up to 50 ms to be sent). Idle, it waits the long timeout."""
+    cluster.create_topic("t")
+    cluster.produce("t", b"x", key=b"k")
+    release = threading.Event()
+    pc = harness.make(Options(commit_interval=1))
+    pc.poll(lambda ctx: release.wait(10))
+    try:
+        wait_until(lambda: pc.statistics().in_flight == 1)
+        consumer = harness.consumers[0]
+        timeouts: list[float] = []
+        consume = consumer.consume
+
+        def spy(num_messages: int = 1, timeout: float = -1) -> list:
+            timeouts.append(timeout)
+            return consume(num_messages, timeout)
+
+        consumer.consume = spy
+        wait_until(lambda: len(timeouts) >= 3)
+        held = set(timeouts)
+    finally:
+        release.set()
+    assert held == {poller_module.BUSY_POLL_TIMEOUT}
+    # Once the record finished and its commit was answered, the consumer is idle
+    wait_until(lambda: pc.statistics().partitions[0].committed_offset == 1)
+    seen = len(timeouts)
+    wait_until(lambda: len(timeouts) >= seen + 3)
+    assert timeouts[-1] == poller_module.POLL_TIMEOUT
+    pc.close()
