@@ -74,10 +74,14 @@ RebalanceCallback = Callable[[Any, list[Any]], object]
 #: command cannot wake a consume() in progress, so this is also how long a commit may wait
 #: to be sent.
 POLL_TIMEOUT = 0.05
-#: The same while the engine holds records or a commit is on its way (a commit is coming or
-#: being answered): the commit after the last records of a burst goes out within this, not
-#: up to POLL_TIMEOUT later. (A consume() that returns nothing costs a few microseconds.)
+#: The same while a commit is on its way, and while the engine holds records and records came
+#: or left within BUSY_FOR (a commit is coming): the commit after the last records of a burst
+#: goes out within this, not up to POLL_TIMEOUT later.
 BUSY_POLL_TIMEOUT = 0.005
+#: How long after records were handed over or given back the poller counts as busy. A
+#: consume() that returns nothing costs about 30 us of this thread here: a consumer that holds
+#: records nobody finishes (a hung handler, long calls) goes back to POLL_TIMEOUT after this.
+BUSY_FOR = 1.0
 #: How long the poller may wait for credit without calling ``consume()``. Past it, every
 #: partition is paused so that ``consume()`` can serve rebalances and commit answers again.
 STALL_PAUSE_AFTER = 1.0
@@ -145,6 +149,8 @@ class Poller:
         self._paused: set[TopicPartition] = set()
         #: Per partition: the client position last reported, and one past the last delivered offset.
         self._positions: dict[TopicPartition, int] = {}
+        #: Until when consume() waits only BUSY_POLL_TIMEOUT (records came or left recently).
+        self._busy_until = 0.0
         self._delivered_to: dict[TopicPartition, int] = {}
         #: Since when the poller has been waiting for credit (None while it has enough).
         self._stalled_since: float | None = None
@@ -273,12 +279,17 @@ class Poller:
                     continue
                 self._apply_pauses()
                 self._last_poll = time.monotonic()
-                busy = credit.held or self._unanswered is not None or self._queued
+                busy = (
+                    self._unanswered is not None
+                    or self._queued
+                    or (credit.held and self._last_poll < self._busy_until)
+                )
                 messages = consumer.consume(
                     num_messages=max(1, min(self._fetch_batch, credit.available)),
                     timeout=BUSY_POLL_TIMEOUT if busy else POLL_TIMEOUT,
                 )
                 if messages:
+                    self._busy_until = self._last_poll + BUSY_FOR
                     self._hand_over(messages)
                 self._report_positions()
         except BaseException as exc:
@@ -326,6 +337,7 @@ class Poller:
         if isinstance(command, Release):
             credit = self._credit
             credit.give_back(command.count)
+            self._busy_until = time.monotonic() + BUSY_FOR
             if credit.can_fetch():
                 self._stalled_since = None
         elif isinstance(command, Commit):

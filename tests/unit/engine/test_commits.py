@@ -341,11 +341,14 @@ def test_an_engine_that_finished_everything_commits_without_waiting_for_the_inte
 
 
 def test_consume_waits_briefly_while_records_are_held_so_commits_go_out_soon(
-    harness, cluster, wait_until
+    harness, cluster, wait_until, monkeypatch
 ):
-    """A command cannot wake a consume() in progress: while records are held (a commit is
-    coming) or a commit is on its way, consume() waits BUSY_POLL_TIMEOUT, not POLL_TIMEOUT (a
-    burst's last commit waited up to 50 ms to be sent). Idle, it waits the long timeout."""
+    """A command cannot wake a consume() in progress: while records are held and came or left
+    within BUSY_FOR (a commit is coming), or a commit is on its way, consume() waits
+    BUSY_POLL_TIMEOUT, not POLL_TIMEOUT (a burst's last commit waited up to 50 ms to be sent).
+    A record held longer than that (a hung handler), or nothing held, and it waits the long
+    timeout again."""
+    monkeypatch.setattr(poller_module, "BUSY_FOR", 0.5)
     cluster.create_topic("t")
     cluster.produce("t", b"x", key=b"k")
     release = threading.Event()
@@ -363,7 +366,9 @@ def test_consume_waits_briefly_while_records_are_held_so_commits_go_out_soon(
 
         consumer.consume = spy
         wait_until(lambda: len(timeouts) >= 3)
-        held = set(timeouts)
+        held = set(timeouts[:3])
+        # Then, the record still held and nothing else coming, the long timeout again
+        wait_until(lambda: timeouts[-1] == poller_module.POLL_TIMEOUT)
     finally:
         release.set()
     assert held == {poller_module.BUSY_POLL_TIMEOUT}
