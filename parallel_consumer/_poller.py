@@ -151,6 +151,8 @@ class Poller:
         self._positions: dict[TopicPartition, int] = {}
         #: Until when consume() waits only BUSY_POLL_TIMEOUT (records came or left recently).
         self._busy_until = 0.0
+        #: When the positions are next read after a consume() that returned nothing.
+        self._next_positions = 0.0
         self._delivered_to: dict[TopicPartition, int] = {}
         #: Since when the poller has been waiting for credit (None while it has enough).
         self._stalled_since: float | None = None
@@ -291,7 +293,12 @@ class Poller:
                 if messages:
                     self._busy_until = self._last_poll + BUSY_FOR
                     self._hand_over(messages)
-                self._report_positions()
+                    self._report_positions()
+                elif self._last_poll >= self._next_positions:
+                    # After an empty consume(), at most every POLL_TIMEOUT: such turns may come
+                    # every BUSY_POLL_TIMEOUT, and this asks the client about every partition.
+                    self._next_positions = self._last_poll + POLL_TIMEOUT
+                    self._report_positions()
         except BaseException as exc:
             log.error("poller failed", exc_info=True)
             self._post(PollerFailed(exc))
