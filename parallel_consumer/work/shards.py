@@ -65,6 +65,15 @@ class Shard:
         #: How often :meth:`ShardMap.take_longest` passed it over for a longer lane.
         self.passed = 0
 
+    def reuse(self, key: object, tp: TopicPartition) -> None:
+        """Serve as the new lane ``key`` (this one was dropped: empty, not busy, not
+        scheduled, not parked), as if just made: a lane made and dropped per record then
+        costs no allocations."""
+        self.key = key
+        self.tp = tp
+        self.busy = self.passed = 0
+        self.removed = False
+
     def __repr__(self) -> str:
         return f"<Shard {self.key!r} waiting={len(self.queue)} busy={self.busy}>"
 
@@ -453,15 +462,11 @@ class ShardMap:
         return head
 
     def _new_shard(self, key: object, tp: TopicPartition) -> Shard:
-        spare = self._spare
-        if spare:
+        if self._spare:
             # (KEY order with many keys makes and drops a lane per record: reusing them spares
             # the allocations, and the garbage collector the passes they would trigger)
-            shard = spare.pop()
-            shard.key = key
-            shard.tp = tp
-            shard.busy = shard.passed = 0
-            shard.removed = False
+            shard = self._spare.pop()
+            shard.reuse(key, tp)
         else:
             shard = Shard(key, tp)
         self._shards[key] = shard
