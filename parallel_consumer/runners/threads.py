@@ -157,16 +157,14 @@ class ThreadRunner:
         started) or when the controller took the rest back (:meth:`Runs.detach`)."""
         self._tasks.put(run)
 
-    def release_stuck(
-        self, older_than: float, report: Callable[[WorkDoneMany], None] | None = None
-    ) -> int:
+    def release_stuck(self, older_than: float, report: Callable[[WorkDoneMany], None]) -> int:
         """For each chunk a worker has run for longer than ``older_than`` seconds (a call that
         hangs, or calls that turned slow): report the calls it finished and hand the ones it
         has not started to any free worker, one by one, so that they neither wait behind a hung
         call nor run one after another while other workers are idle. Returns how many calls
-        moved. Called by the controller, on its thread, which passes ``report`` to handle the
-        finished calls at once (posted as events instead, they would miss the final commit of
-        a revoke handled before them); without it they go to the ``done`` callback."""
+        moved. Called by the controller, on its thread, with ``report`` to handle the finished
+        calls at once (posted as events instead, they would miss the final commit of a revoke
+        handled before them)."""
         if not self._open or not self._active:
             return 0
         now = time.perf_counter()
@@ -186,11 +184,7 @@ class ThreadRunner:
                 # The mean time per call so far, the running one counted: it tells the
                 # controller that calls are no longer short.
                 service = (now - started) / (len(results) + 1)
-                event = WorkDoneMany(results, service)
-                if report is not None:
-                    report(event)
-                else:
-                    self._done(event)  # type: ignore[arg-type]
+                report(WorkDoneMany(results, service))
         return moved
 
     def cancel_queued(self) -> list[int]:

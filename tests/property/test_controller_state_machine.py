@@ -81,7 +81,7 @@ class FakeRunner:
         self.runs_handed_out += 1
         self.run_states.append([run, None, self._epoch_of(run.tp)])
 
-    def release_stuck(self, older_than: float, report: object = None) -> int:
+    def release_stuck(self, older_than: float, report: object) -> int:
         return 0
 
     def start(self, handler: Callable[[PollContext], object], done: Callable[..., None]) -> None:

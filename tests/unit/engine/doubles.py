@@ -73,7 +73,7 @@ class RunTaker:
     def submit_run(self, run: object) -> None:
         self.taken.append(run)
 
-    def release_stuck(self, after: float, report: object = None) -> int:
+    def release_stuck(self, after: float, report: object) -> int:
         return 0
 
     def cancel_queued(self) -> list[int]:
@@ -110,7 +110,7 @@ class ChainTaker:
     def take_back_chain(self, chain: int) -> tuple[list[object], list[int]]:
         return [], []
 
-    def release_stuck(self, after: float, report: object = None) -> int:
+    def release_stuck(self, after: float, report: object) -> int:
         return 0
 
     def cancel_queued(self) -> list[int]:
@@ -153,7 +153,7 @@ class BundleTaker:
     def submit_chunk(self, calls: list[tuple[int, PollContext]]) -> None:
         self.chunks.append(list(calls))
 
-    def release_stuck(self, after: float, report: object = None) -> int:
+    def release_stuck(self, after: float, report: object) -> int:
         return 0
 
     def cancel_queued(self) -> list[int]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import pytest
@@ -307,17 +308,13 @@ class StuckReporter(BundleTaker):
 
     controller: Controller
 
-    def release_stuck(self, after: float, report: object = None) -> int:
+    def release_stuck(self, after: float, report: Callable[[WorkDoneMany], None]) -> int:
         if not self.chunks:
             return 0
         reply: Future[None] = Future()
         self.controller.post(PartitionsRevoked((TP,), reply))  # (the poller, meanwhile)
         batch = self.chunks[0][0][0]
-        event = WorkDoneMany([(batch, (None,), None, 0.0, False)], 0.003)
-        if callable(report):
-            report(event)
-        else:  # (as before: posted, behind the revoke)
-            self.controller.post(event)
+        report(WorkDoneMany([(batch, (None,), None, 0.0, False)], 0.003))
         return 0
 
 

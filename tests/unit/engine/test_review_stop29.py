@@ -284,7 +284,6 @@ def test_a_poller_turning_every_few_ms_reads_positions_at_most_every_poll_timeou
     pc.poll(lambda ctx: release.wait(10))
     try:
         wait_until(lambda: pc.statistics().in_flight == 1)
-        time.sleep(0.2)  # (the first commit is answered: nothing but the held record remains)
         consumer = harness.consumers[0]
         asked: list[float] = []
         turns: list[float] = []

@@ -234,7 +234,7 @@ def test_release_stuck_reports_a_chains_finished_calls_but_never_moves_the_rest(
     while len(seen) < 2:
         threading.Event().wait(0.001)
     # When the controller's stuck check finds the chain (any age counts as stuck here)
-    moved = runner.release_stuck(0.0)
+    moved = runner.release_stuck(0.0, events.put)
     # Then the finished call is reported, and nothing went to the idle worker's queue
     assert moved == 0
     assert runner._tasks.qsize() == 0
@@ -251,7 +251,7 @@ def test_release_stuck_reports_a_chains_finished_calls_but_never_moves_the_rest(
     assert len({name for _, name in seen}) == 1
 
 
-def test_release_stuck_hands_its_report_to_the_caller_when_asked(
+def test_release_stuck_hands_its_report_to_the_caller_not_to_done(
     runners: list[ThreadRunner],
 ) -> None:
     # Given a chunk whose second call hangs
