@@ -5,7 +5,8 @@ made by :func:`map_function` is one Spark task: the records of the Kafka partiti
 holds (whole partitions: the adapter never splits one). Each Arrow batch's records join their
 lanes (:class:`~parallel_consumer.spark._lanes.LaneStream`) while earlier ones still run, so the
 JVM reads the next batch while Python works, and order per key holds across batches; finished
-rows go out as each batch arrives. A pool of worker threads serves the whole task. (An
+rows go out as each batch arrives, and every :data:`HAND_OVER_EVERY` seconds once the input
+has ended. A pool of worker threads serves the whole task. (An
 ``async def`` handler runs each batch to its end on an event loop instead.) After the last
 batch, one summary row per Kafka partition carries the task's tallies (``kind`` ``summary``,
 the tally as JSON in ``value``).
@@ -43,6 +44,10 @@ __all__ = [
 KIND_OUTPUT = "output"
 KIND_DEAD_LETTER = "dead_letter"
 KIND_SUMMARY = "summary"
+
+#: Once a task's input has ended, its finished rows go to the JVM this often (seconds) until
+#: every lane is done: the JVM writes them while the last lanes still run.
+HAND_OVER_EVERY = 0.05
 
 #: The columns the function reads, as SQL expressions over a Kafka source DataFrame.
 INPUT_COLUMNS = (
@@ -148,6 +153,12 @@ def map_function(
                 for batch in batches:  # the JVM reads the next batch while the lanes run
                     if batch.num_rows:
                         stream.feed(_records(batch))
+                    rows = stream.take()
+                    if rows:
+                        yield _batch(rows, {})
+                # The input has ended: hand finished rows over as they come, so the JVM writes
+                # them while the last lanes run, rather than all of them at the end.
+                while not stream.wait_idle(HAND_OVER_EVERY):
                     rows = stream.take()
                     if rows:
                         yield _batch(rows, {})

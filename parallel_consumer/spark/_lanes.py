@@ -7,7 +7,8 @@ a Spark task, though, receives its records in Arrow batches, and the JVM reads t
 (:meth:`LaneStream.feed`), appends its records to their lanes' queues and starts idle lanes on
 the task's thread pool; a lane takes its records in order, so per-key order holds across
 batches. :meth:`LaneStream.take` returns the rows finished so far, each lane's in order, and
-:meth:`LaneStream.finish` waits for every lane. Owned by the task's thread; the lane workers
+:meth:`LaneStream.wait_idle` waits a while for every lane to be idle and
+:meth:`LaneStream.finish` until they are. Owned by the task's thread; the lane workers
 share only ``_lock``-guarded queues with it.
 """
 
@@ -124,6 +125,11 @@ class LaneStream:
                 out.extend(rows[:done])
                 del rows[:done]
         return out
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for every lane to be idle; True once they are."""
+        with self._lock:
+            return self._idle.wait_for(lambda: not self._running, timeout)
 
     def finish(self) -> tuple[list[OutputRow], dict[tuple[str, int], PartitionTally]]:
         """Wait until every lane is idle; the remaining rows, and the tallies per partition."""
