@@ -1,7 +1,7 @@
 """The PySpark runner against the same core without Spark (issue 12's benchmark).
 
 Run: ``python benchmarks/spark_bench.py [--records 20000] [--keys 100] [--partitions 8]
-[--sleep-ms 2] [--master local[2]] [--max-offsets 5000] [--repeat 3]``.
+[--sleep-ms 2] [--master local[2]] [--max-offsets 5000] [--repeat 3] [--warmup 3]``.
 
 Workload: ``--records`` records of ``--keys`` keys in ``--partitions`` partitions of a topic on a
 local Apache Kafka broker (same machine); a ``poll_and_produce`` handler that sleeps
@@ -12,7 +12,8 @@ Each repetition measures, on the same records:
 - **spark**: ``run_stream`` with ``trigger(availableNow=True)`` and a fresh checkpoint, from
   ``start()`` until the query has finished (every input read, every output written to the output
   topic); ``--max-offsets`` records per micro-batch. The session (started once, about 10 s) is
-  not counted; the Python workers are warmed by a first, unmeasured run.
+  not counted; the Python workers and the JVM's compiler are warmed by ``--warmup`` unmeasured
+  runs (default 3).
 - **core**: the core alone (``parallel_consumer.spark.process_records``) in this process over
   the same micro-batches, one after the other, the batch's Kafka partitions split into the same
   number of tasks, run side by side in threads. No Kafka I/O, no Spark.
@@ -181,6 +182,13 @@ def main() -> int:
     )
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument(
+        "--warmup",
+        type=int,
+        default=3,
+        help="unmeasured runs first (the first measured runs after one were still 0.2-0.4 s "
+        "slower while the JVM compiled)",
+    )
+    parser.add_argument(
         "--source-option",
         type=lambda text: tuple(text.split("=", 1)),
         action="append",
@@ -217,8 +225,10 @@ def main() -> int:
         spark = local_session(args.master, app_name="spark-bench", **dict(args.spark_conf))
         session_s = time.perf_counter() - started
         tasks = int(spark.sparkContext.defaultParallelism)
+        jvm_options = spark.sparkContext.getConf().get("spark.driver.extraJavaOptions", "")
         try:
-            run_spark(spark, args, bootstrap, source, output)  # warm-up: Python workers, JIT
+            for _ in range(args.warmup):  # the Python workers start, the JVM compiles
+                run_spark(spark, args, bootstrap, source, output)
             runs = []
             for repetition in range(args.repeat):
                 spark_run = run_spark(spark, args, bootstrap, source, output)
@@ -233,6 +243,9 @@ def main() -> int:
                     "overhead_s": overhead,
                     "overhead_per_batch_s": per_batch,
                     "trigger_per_batch_s": statistics.mean(spark_run["trigger_s"]),
+                    # Spark's own processedRowsPerSecond over the query: rows per second of
+                    # trigger time (the query's start-up and the gaps between triggers left out).
+                    "trigger_rps": args.records / sum(spark_run["trigger_s"]),
                 }
                 runs.append(run)
                 print(
@@ -256,8 +269,10 @@ def main() -> int:
         f"  core    {median('core_s'):.2f} s  {median('core_rps'):>9,.0f} records/s\n"
         f"  overhead {median('overhead_s'):.2f} s: query start-up {median('startup_s'):.2f} s, "
         f"then {median('overhead_per_batch_s'):.3f} s per micro-batch; Spark trigger time per "
-        f"micro-batch {median('trigger_per_batch_s'):.3f} s\n"
-        f"  (session start, not counted: {session_s:.1f} s)"
+        f"micro-batch {median('trigger_per_batch_s'):.3f} s, {median('trigger_rps'):,.0f} records "
+        f"per second of trigger time (Spark's processedRowsPerSecond)\n"
+        f"  (session start, not counted: {session_s:.1f} s; {args.warmup} warm-up runs; JVM "
+        f"flags {' '.join(o for o in jvm_options.split() if o.startswith('-XX:+Use')) or '-'})"
     )
     RESULTS.mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -269,6 +284,7 @@ def main() -> int:
                 "python": sys.version.split()[0],
                 "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
                 "session_s": session_s,
+                "jvm_options": jvm_options,
                 "runs": runs,
             },
             indent=2,
