@@ -22,14 +22,13 @@ def local_session(
     log_level: str = "WARN",
     **conf: str,
 ) -> SparkSession:
-    """A SparkSession on this machine (``getOrCreate``: an active session is returned as is).
+    """A SparkSession on this machine (``getOrCreate``: an active session is reused; the
+    runtime settings below are applied to it, its JVM's settings stay as they were).
 
     - Spark's Python workers run this interpreter (``PYSPARK_PYTHON`` and
       ``spark.pyspark.python``) with this process's ``sys.path``, so handlers defined in any
       importable module (a test module, a script's folder) reach them by reference.
     - The driver binds to loopback; the UI is off.
-    - The JVM uses the serial garbage collector (``spark.driver.extraJavaOptions``; pass your
-      own to choose otherwise): less CPU taken from the Python workers on a small machine.
     - ``kafka=True`` puts the Kafka connector on ``spark.jars`` (resolved from Maven Central
       into the per-user cache on first use, see :mod:`parallel_consumer.spark.jars`).
 
@@ -56,14 +55,10 @@ def local_session(
         "spark.sql.shuffle.partitions": "4",
         # Smaller Arrow batches let a task's lanes start while the JVM still reads its Kafka
         # partitions (benchmarks/spark_bench.py, 20,000 records: 2.7-3.0 s instead of 3.4-5.3 s
-        # at 1,000 rather than the default 10,000; then medians of 1.35-1.36 s at 500 against
-        # 1.42 s at 1,000, and no better at 250).
+        # at 1,000 rather than the default 10,000; then 1.35-1.36 s at 500 against 1.42 s at
+        # 1,000, a small difference beside the machine's drift, and no better at 250). The
+        # JVM's own options are left alone (docs/spark.md#performance says why).
         "spark.sql.execution.arrow.maxRecordsPerBatch": "500",
-        # The driver JVM also runs the executors here. The serial collector has no concurrent
-        # threads, which on a small machine compete with the Python workers and the broker:
-        # benchmarks/spark_bench.py on 2 cores, 1.25 s instead of 1.39-1.51 s (medians of 5,
-        # alternating runs).
-        "spark.driver.extraJavaOptions": "-XX:+UseSerialGC",
     }
     if kafka:
         settings["spark.jars"] = ",".join(str(jar) for jar in connector_jars())

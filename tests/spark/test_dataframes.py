@@ -166,12 +166,3 @@ def test_a_dataframe_without_the_kafka_columns_is_refused(spark: SparkSession) -
     df = spark.createDataFrame([(1,)], "offset long")
     with pytest.raises(ConfigurationError, match="topic"):
         process(df, echo)
-
-
-def test_the_local_session_jvm_uses_the_serial_collector(spark: SparkSession) -> None:
-    # (local_session's default spark.driver.extraJavaOptions must reach the JVM it launches)
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    beans = jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
-    names = {bean.getName() for bean in beans}
-    assert names == {"Copy", "MarkSweepCompact"}, names
