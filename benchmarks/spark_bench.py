@@ -18,6 +18,11 @@ Each repetition measures, on the same records:
   the same micro-batches, one after the other, the batch's Kafka partitions split into the same
   number of tasks, run side by side in threads. No Kafka I/O, no Spark.
 
+With ``--running``, each repetition instead hands the records to a query that is already
+running (fresh topics; a first micro-batch of one record per partition has made its Kafka
+consumers), all in one micro-batch, and measures that micro-batch's trigger time: a live
+pipeline's figure, without the query's start-up and first reads.
+
 Reported: records/s of each, Spark's overhead (spark - core) in total, split into the query's
 start-up (``start()`` to the first trigger, paid once per query) and the rest per micro-batch,
 and Spark's own progress figures (trigger time per micro-batch, its phases). ``--repeat N``
@@ -134,6 +139,69 @@ def run_spark(
     }
 
 
+def run_running(
+    spark: Any, args: argparse.Namespace, bootstrap: str
+) -> tuple[dict[str, Any], list[InputRecord]]:
+    """``--running``: the records reach a query that is already running, as in a live pipeline.
+
+    Fresh topics; one record per partition first, so that a first micro-batch makes the
+    query's Kafka consumers and warms its Python workers; then, right after that micro-batch,
+    the records, all before the next trigger (``--interval`` seconds apart), so that they make
+    one micro-batch. Measured: that micro-batch's trigger time (Spark's triggerExecution)."""
+    source = create_topic(
+        bootstrap, f"spark-bench-run-{uuid.uuid4().hex[:8]}", partitions=args.partitions
+    )
+    output = create_topic(bootstrap, f"{source}-out", partitions=args.partitions)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for partition in range(args.partitions):
+        producer.produce(source, b"warm", b"warm", partition=partition)
+    assert producer.flush(60) == 0
+
+    def batches_with_rows(query: Any) -> list[dict[str, Any]]:
+        return [p for p in query.recentProgress if p["numInputRows"]]
+
+    with tempfile.TemporaryDirectory(prefix="spark-bench-") as checkpoint:
+        query = run_stream(
+            spark,
+            make_handler(output, args.sleep_ms / 1000),
+            bootstrap_servers=bootstrap,
+            topic=source,
+            checkpoint=checkpoint,
+            options=Options(max_concurrency=args.concurrency, max_retries=0),
+            trigger={"processingTime": f"{args.interval} seconds"},
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while not batches_with_rows(query):
+                assert time.monotonic() < deadline, "the warm-up micro-batch did not come"
+                time.sleep(0.02)
+            produced = time.perf_counter()
+            records = produce(bootstrap, source, args.records, args.keys)
+            produce_s = time.perf_counter() - produced
+            while sum(p["numInputRows"] for p in batches_with_rows(query)) < (
+                args.records + args.partitions
+            ):
+                assert time.monotonic() < deadline, "the records were not all read"
+                assert query.exception() is None, query.exception()
+                time.sleep(0.02)
+            batches = batches_with_rows(query)[1:]
+        finally:
+            query.stop()
+    written = end_offsets(bootstrap, output, args.partitions)
+    assert written == args.records + args.partitions, f"{written} outputs"
+    if len(batches) != 1:
+        raise RuntimeError(
+            f"the records came in {len(batches)} micro-batches (producing them took "
+            f"{produce_s:.2f} s): raise --interval"
+        )
+    progress = batches[0]
+    return {
+        "trigger_s": progress["durationMs"]["triggerExecution"] / 1000,
+        "produce_s": produce_s,
+        "phases_s": {phase: ms / 1000 for phase, ms in progress["durationMs"].items()},
+    }, records
+
+
 def run_core(
     args: argparse.Namespace, records: list[InputRecord], batches: list[int], tasks: int
 ) -> float:
@@ -166,6 +234,78 @@ def run_core(
     return time.perf_counter() - began
 
 
+def measure_running(
+    spark: Any, args: argparse.Namespace, bootstrap: str, tasks: int
+) -> list[dict[str, Any]]:
+    for _ in range(args.warmup):
+        run_running(spark, args, bootstrap)
+    runs = []
+    for repetition in range(args.repeat):
+        spark_run, records = run_running(spark, args, bootstrap)
+        core_s = run_core(args, records, [args.records], tasks)
+        run = {
+            **spark_run,
+            "core_s": core_s,
+            "trigger_rps": args.records / spark_run["trigger_s"],
+            "core_rps": args.records / core_s,
+            "overhead_s": spark_run["trigger_s"] - core_s,
+        }
+        runs.append(run)
+        print(
+            f"run {repetition + 1}: micro-batch of {args.records:,} in a running query "
+            f"{run['trigger_s']:.2f} s ({run['trigger_rps']:,.0f} records/s), core "
+            f"{core_s:.2f} s, overhead {run['overhead_s']:.3f} s",
+            flush=True,
+        )
+    return runs
+
+
+def report_running(
+    args: argparse.Namespace, runs: list[dict[str, Any]], session_s: float, jvm_options: str
+) -> int:
+    def median(name: str) -> float:
+        return statistics.median(r[name] for r in runs)
+
+    print(
+        f"\nmedians of {len(runs)}, a running query ({args.records:,} records in one "
+        f"micro-batch, {args.keys} keys, {args.partitions} partitions, {args.sleep_ms} ms "
+        f"handler, {args.master}, {args.concurrency} lanes per task):\n"
+        f"  spark   {median('trigger_s'):.2f} s  {median('trigger_rps'):>9,.0f} records/s\n"
+        f"  core    {median('core_s'):.2f} s  {median('core_rps'):>9,.0f} records/s\n"
+        f"  overhead {median('overhead_s'):.3f} s per micro-batch\n"
+        f"  (session start, not counted: {session_s:.1f} s; {args.warmup} warm-up runs; JVM "
+        f"flags {' '.join(o for o in jvm_options.split() if o.startswith('-XX:+Use')) or '-'})"
+    )
+    save(args, runs, session_s, jvm_options, "spark-running")
+    return 0
+
+
+def save(
+    args: argparse.Namespace,
+    runs: list[dict[str, Any]],
+    session_s: float,
+    jvm_options: str,
+    prefix: str,
+) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    out = RESULTS / f"{prefix}-{stamp}.json"
+    out.write_text(
+        json.dumps(
+            {
+                "args": vars(args),
+                "python": sys.version.split()[0],
+                "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+                "session_s": session_s,
+                "jvm_options": jvm_options,
+                "runs": runs,
+            },
+            indent=2,
+        )
+    )
+    print(f"  results: {out}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=20_000)
@@ -181,6 +321,15 @@ def main() -> int:
         help="maxOffsetsPerTrigger: records per micro-batch (0: all in one)",
     )
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument(
+        "--running",
+        action="store_true",
+        help="the records reach a query already running (its consumers made): one "
+        "micro-batch's trigger time",
+    )
+    parser.add_argument(
+        "--interval", type=float, default=4.0, help="--running: seconds between triggers"
+    )
     parser.add_argument(
         "--warmup",
         type=int,
@@ -227,6 +376,9 @@ def main() -> int:
         tasks = int(spark.sparkContext.defaultParallelism)
         jvm_options = spark.sparkContext.getConf().get("spark.driver.extraJavaOptions", "")
         try:
+            if args.running:
+                runs = measure_running(spark, args, bootstrap, tasks)
+                return report_running(args, runs, session_s, jvm_options)
             for _ in range(args.warmup):  # the Python workers start, the JVM compiles
                 run_spark(spark, args, bootstrap, source, output)
             runs = []
@@ -274,23 +426,7 @@ def main() -> int:
         f"  (session start, not counted: {session_s:.1f} s; {args.warmup} warm-up runs; JVM "
         f"flags {' '.join(o for o in jvm_options.split() if o.startswith('-XX:+Use')) or '-'})"
     )
-    RESULTS.mkdir(exist_ok=True)
-    stamp = time.strftime("%Y%m%dT%H%M%S")
-    out = RESULTS / f"spark-{stamp}.json"
-    out.write_text(
-        json.dumps(
-            {
-                "args": vars(args),
-                "python": sys.version.split()[0],
-                "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-                "session_s": session_s,
-                "jvm_options": jvm_options,
-                "runs": runs,
-            },
-            indent=2,
-        )
-    )
-    print(f"  results: {out}")
+    save(args, runs, session_s, jvm_options, "spark")
     return 0
 
 
