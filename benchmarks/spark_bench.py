@@ -1,7 +1,8 @@
 """The PySpark runner against the same core without Spark (issue 12's benchmark).
 
 Run: ``python benchmarks/spark_bench.py [--records 20000] [--keys 100] [--partitions 8]
-[--sleep-ms 2] [--master local[2]] [--max-offsets 5000] [--repeat 3] [--warmup 3]``.
+[--sleep-ms 2] [--master local[2]] [--max-offsets 5000] [--repeat 3] [--warmup 3]
+[--running [--interval 4]]``.
 
 Workload: ``--records`` records of ``--keys`` keys in ``--partitions`` partitions of a topic on a
 local Apache Kafka broker (same machine); a ``poll_and_produce`` handler that sleeps
@@ -174,6 +175,7 @@ def run_running(
             deadline = time.monotonic() + 120
             while not batches_with_rows(query):
                 assert time.monotonic() < deadline, "the warm-up micro-batch did not come"
+                assert query.exception() is None, query.exception()
                 time.sleep(0.02)
             produced = time.perf_counter()
             records = produce(bootstrap, source, args.records, args.keys)
@@ -264,7 +266,7 @@ def report_running(
     args: argparse.Namespace, runs: list[dict[str, Any]], session_s: float, jvm_options: str
 ) -> int:
     def median(name: str) -> float:
-        return statistics.median(r[name] for r in runs)
+        return float(statistics.median(r[name] for r in runs))
 
     print(
         f"\nmedians of {len(runs)}, a running query ({args.records:,} records in one "
@@ -363,13 +365,19 @@ def main() -> int:
     )
     args = parser.parse_args()
 
+    if args.running and (args.max_offsets or args.source_option or args.sink_option):
+        parser.error(
+            "--running takes one micro-batch with the default source and sink settings: "
+            "--max-offsets, --source-option and --sink-option do not apply"
+        )
     with LocalKafka() as kafka:
         bootstrap = kafka.bootstrap_servers
-        source = create_topic(
-            bootstrap, f"spark-bench-{uuid.uuid4().hex[:8]}", partitions=args.partitions
-        )
-        output = create_topic(bootstrap, f"{source}-out", partitions=args.partitions)
-        records = produce(bootstrap, source, args.records, args.keys)
+        if not args.running:  # (--running makes fresh topics per run)
+            source = create_topic(
+                bootstrap, f"spark-bench-{uuid.uuid4().hex[:8]}", partitions=args.partitions
+            )
+            output = create_topic(bootstrap, f"{source}-out", partitions=args.partitions)
+            records = produce(bootstrap, source, args.records, args.keys)
         started = time.perf_counter()
         spark = local_session(args.master, app_name="spark-bench", **dict(args.spark_conf))
         session_s = time.perf_counter() - started
@@ -411,7 +419,7 @@ def main() -> int:
             spark.stop()
 
     def median(name: str) -> float:
-        return statistics.median(r[name] for r in runs)
+        return float(statistics.median(r[name] for r in runs))
 
     print(
         f"\nmedians of {len(runs)} ({args.records:,} records, {args.keys} keys, "
