@@ -95,6 +95,27 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> int:
         consumer.close()
 
 
+def start_query(
+    spark: Any,
+    args: argparse.Namespace,
+    bootstrap: str,
+    source: str,
+    output: str,
+    checkpoint: str,
+    **settings: Any,
+) -> Any:
+    """The measured pipeline: ``source`` -> the sleeping handler -> ``output``."""
+    return run_stream(
+        spark,
+        make_handler(output, args.sleep_ms / 1000),
+        bootstrap_servers=bootstrap,
+        topic=source,
+        checkpoint=checkpoint,
+        options=Options(max_concurrency=args.concurrency, max_retries=0),
+        **settings,
+    )
+
+
 def run_spark(
     spark: Any, args: argparse.Namespace, bootstrap: str, source: str, output: str
 ) -> dict[str, Any]:
@@ -102,13 +123,13 @@ def run_spark(
     with tempfile.TemporaryDirectory(prefix="spark-bench-") as checkpoint:
         began = time.perf_counter()
         began_at = time.time()
-        query = run_stream(
+        query = start_query(
             spark,
-            make_handler(output, args.sleep_ms / 1000),
-            bootstrap_servers=bootstrap,
-            topic=source,
-            checkpoint=checkpoint,
-            options=Options(max_concurrency=args.concurrency, max_retries=0),
+            args,
+            bootstrap,
+            source,
+            output,
+            checkpoint,
             source_options={
                 **({"maxOffsetsPerTrigger": args.max_offsets} if args.max_offsets else {}),
                 **dict(args.source_option),
@@ -162,13 +183,13 @@ def run_running(
         return [p for p in query.recentProgress if p["numInputRows"]]
 
     with tempfile.TemporaryDirectory(prefix="spark-bench-") as checkpoint:
-        query = run_stream(
+        query = start_query(
             spark,
-            make_handler(output, args.sleep_ms / 1000),
-            bootstrap_servers=bootstrap,
-            topic=source,
-            checkpoint=checkpoint,
-            options=Options(max_concurrency=args.concurrency, max_retries=0),
+            args,
+            bootstrap,
+            source,
+            output,
+            checkpoint,
             trigger={"processingTime": f"{args.interval} seconds"},
         )
         try:
