@@ -126,16 +126,15 @@ class LaneStream:
                 del rows[:done]
         return out
 
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for every lane to be idle; True once they are."""
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds (None: as long as it takes) for every lane to be
+        idle; True once they are."""
         with self._lock:
             return self._idle.wait_for(lambda: not self._running, timeout)
 
     def finish(self) -> tuple[list[OutputRow], dict[tuple[str, int], PartitionTally]]:
         """Wait until every lane is idle; the remaining rows, and the tallies per partition."""
-        with self._lock:
-            while self._running:
-                self._idle.wait()
+        self.wait_idle()
         self._raise_if_failed()
         tallies: dict[tuple[str, int], PartitionTally] = {}
         for queue in self._queues.values():
@@ -146,9 +145,7 @@ class LaneStream:
     def close(self) -> None:
         """Stop the lanes (after an error or an abandoned task) and wait for them."""
         self._stopping.set()
-        with self._lock:
-            while self._running:
-                self._idle.wait()
+        self.wait_idle()
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
