@@ -94,3 +94,27 @@ def test_pc_demo_processes_everything_in_order_and_commits_to_the_end(kafka, cap
         if PER_RECORD_RETRY.search(line)
     ]
     assert len(shown) < 5, "\n".join(shown[:20])
+
+
+@pytest.mark.kafka_requires("commit_metadata")
+def test_the_event_loop_floor_runs_beside_pc_on_the_async_rows(kafka, tmp_path, capsys):
+    # Given W6 at its tiniest with the asyncio floor as the peer
+    argv = ["run", "W6", "--scale", "tiny", "--repeat", "1", "--peers", "asyncio"]
+    argv += ["--bootstrap", kafka.bootstrap_servers, "--out", str(tmp_path)]
+
+    # When it runs
+    code = cli.main(argv)
+
+    # Then both ran every row that their loop exists for, read every record once, in order
+    out = capsys.readouterr().out
+    assert code == 0, out
+    (results,) = tmp_path.glob("pc-bench-*.json")
+    rows = {r["row"]: r for r in json.loads(results.read_text())["rows"]}
+    assert {"UNORDERED C=5000", "KEY-10000 C=5000"} <= set(rows)
+    for name, row in rows.items():
+        assert not row["failed"], name
+        assert set(row["results"]) == {"pc", "asyncio"}, name
+        floor = row["results"]["asyncio"]
+        assert (floor["missing"], floor["duplicates"], floor["order_ok"]) == (0, 0, True), name
+        assert [run["records"] for run in floor["runs"]] == [200], name
+        assert floor["wall"] > 0, name

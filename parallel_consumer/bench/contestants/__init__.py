@@ -5,6 +5,7 @@ Adding one is one module with a class following :class:`~.base.Contestant`, list
 
 from __future__ import annotations
 
+from parallel_consumer.bench.contestants.asyncio_floor import AsyncioFloorContestant
 from parallel_consumer.bench.contestants.base import Contestant, RunEnv
 from parallel_consumer.bench.contestants.client_loops import RawContestant, SerialContestant
 from parallel_consumer.bench.contestants.java_pc import JavaParallelConsumerContestant
@@ -27,6 +28,7 @@ CONTESTANTS: dict[str, Contestant] = {
         ParallelConsumerOtelContestant(),
         SerialContestant(),
         RawContestant(),
+        AsyncioFloorContestant(),
         PyrallelContestant(),
         ShareContestant(),
         JavaParallelConsumerContestant(),
@@ -34,4 +36,4 @@ CONTESTANTS: dict[str, Contestant] = {
 }
 
 #: Peers run beside ``pc`` unless ``--peers`` says otherwise.
-DEFAULT_PEERS = ("serial", "raw", "pyrallel", "share", "java-pc")
+DEFAULT_PEERS = ("serial", "raw", "asyncio", "pyrallel", "share", "java-pc")
