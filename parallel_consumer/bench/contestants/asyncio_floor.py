@@ -138,12 +138,16 @@ async def _run(lanes: list[list[Record]], row: Row, recorder: LogRecorder) -> fl
             add_one(partition, key, offset, perf_counter() - t0)
 
     running = 0
+    failures: list[BaseException] = []
 
     def ended(task: asyncio.Task[None]) -> None:
         nonlocal running
         running -= 1
-        task.result()  # a failure of the harness itself: let it surface
-        if waiting:
+        error = None if task.cancelled() else task.exception()
+        if error is not None:  # a failure of the harness itself: end the run with it
+            failures.append(error)
+            all_done.set()
+        elif waiting:
             start(waiting.popleft())
         elif not running:
             all_done.set()
@@ -158,4 +162,6 @@ async def _run(lanes: list[list[Record]], row: Row, recorder: LogRecorder) -> fl
         start(waiting.popleft())
     if waiting or running:
         await all_done.wait()
+    if failures:
+        raise failures[0]
     return time.time()

@@ -94,3 +94,28 @@ def test_it_runs_the_async_rows_and_says_why_not_the_others():
             elif not r.async_handler:
                 assert reason is not None, r.name
                 assert "async rows only" in reason, r.name
+
+
+def test_a_failing_call_ends_the_run_with_its_error_at_once(monkeypatch):
+    # Given work that fails on its third call (a fault of the harness, not of a contestant)
+    calls = 0
+
+    def failing_work(_work: object):
+        async def work() -> None:
+            nonlocal calls
+            calls += 1
+            if calls == 3:
+                raise RuntimeError("boom")
+            await asyncio.sleep(0.001)
+
+        return work
+
+    monkeypatch.setattr(floor, "async_work", failing_work)
+    records = [(0, b"k%d" % o, o) for o in range(50)]
+    lanes = floor.lanes_in_order(records, "UNORDERED")
+
+    # When the floor runs them, the run ends with that error rather than waiting for its timeout
+    with pytest.raises(RuntimeError, match="boom"):
+        asyncio.run(
+            asyncio.wait_for(floor._run(lanes, row("UNORDERED", 2, 50), LogRecorder(50)), 5)
+        )
