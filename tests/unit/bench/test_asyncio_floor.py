@@ -119,3 +119,9 @@ def test_a_failing_call_ends_the_run_with_its_error_at_once(monkeypatch):
         asyncio.run(
             asyncio.wait_for(floor._run(lanes, row("UNORDERED", 2, 50), LogRecorder(50)), 5)
         )
+
+
+def test_lanes_keep_offset_order_whatever_order_the_records_come_in():
+    shuffled = [RECORDS[i] for i in (5, 2, 3, 0, 4, 1)]
+    assert floor.lanes_in_order(shuffled, "KEY") == floor.lanes_in_order(RECORDS, "KEY")
+    assert floor.lanes_in_order(shuffled, "PARTITION") == [RECORDS[:3], RECORDS[3:]]
