@@ -86,7 +86,7 @@ class AsyncioFloorContestant:
     name = "asyncio"
     description = (
         "the async rows' calls on a bare event loop (records read beforehand, no Kafka on the "
-        "clock, no commits): the event loop's floor"
+        "clock, no commits): the floor of a task per call"
     )
 
     def unavailable(self) -> str | None:
@@ -94,7 +94,7 @@ class AsyncioFloorContestant:
 
     def unsupported(self, row: Row) -> str | None:
         if not row.async_handler:
-            return "asyncio runs async rows only (the event loop's floor)"
+            return "asyncio runs async rows only (their floor on a bare event loop)"
         if row.batch_size != 1:
             return "asyncio has no batches"
         if row.runner.get("loop_factory") == "uvloop":

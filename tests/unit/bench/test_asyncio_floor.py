@@ -1,4 +1,4 @@
-"""The ``asyncio`` peer (the event loop's floor): its lanes keep each row's ordering, and it
+"""The ``asyncio`` peer (async calls on a bare event loop, a task per lane): its lanes keep each row's ordering, and it
 runs no more calls at once than the row allows."""
 
 from __future__ import annotations
