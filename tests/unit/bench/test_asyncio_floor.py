@@ -1,5 +1,5 @@
-"""The ``asyncio`` peer (async calls on a bare event loop, a task per lane): its lanes keep each row's ordering, and it
-runs no more calls at once than the row allows."""
+"""The ``asyncio`` peer (async calls on a bare event loop, a task per lane): its lanes keep
+each row's ordering, and it runs no more calls at once than the row allows."""
 
 from __future__ import annotations
 
