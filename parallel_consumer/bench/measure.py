@@ -23,7 +23,15 @@ from typing import Any
 
 from parallel_consumer.bench.model import Observation, Ordering, Row
 
-__all__ = ["Measurement", "Summary", "ideal_time", "measure", "order_kept", "summarise"]
+__all__ = [
+    "Measurement",
+    "Summary",
+    "ideal_time",
+    "lane_of",
+    "measure",
+    "order_kept",
+    "summarise",
+]
 
 LogEntry = tuple[int, Any, int, float]
 
@@ -65,17 +73,21 @@ class Measurement:
         }
 
 
+def lane_of(partition: int, key: Any, offset: int, ordering: Ordering) -> object:
+    """What a record may not run concurrently with: its key, its partition, or nothing."""
+    if ordering == "KEY":
+        return (partition, key)
+    if ordering == "PARTITION":
+        return partition
+    return (partition, offset)
+
+
 def lanes(log: Iterable[LogEntry], ordering: Ordering) -> dict[object, list[LogEntry]]:
     """The log split by what may not run concurrently: key, partition, or each record alone."""
     out: dict[object, list[LogEntry]] = defaultdict(list)
     for entry in log:
         partition, key, offset, _ = entry
-        if ordering == "KEY":
-            out[(partition, key)].append(entry)
-        elif ordering == "PARTITION":
-            out[partition].append(entry)
-        else:
-            out[(partition, offset)].append(entry)
+        out[lane_of(partition, key, offset, ordering)].append(entry)
     return out
 
 

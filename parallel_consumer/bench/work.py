@@ -8,9 +8,9 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 
-from parallel_consumer.bench.model import Work
+from parallel_consumer.bench.model import Row, Work
 
-__all__ = ["async_work", "sync_work"]
+__all__ = ["async_work", "loop_factory", "sync_work"]
 
 
 def _burn(rounds: int) -> int:
@@ -90,3 +90,16 @@ def async_work(work: Work) -> Callable[[], Awaitable[None]]:
         await asyncio.sleep(seconds)
 
     return sleep
+
+
+def loop_factory(row: Row) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop factory an async row names (``runner={"loop_factory": "uvloop"}``), or
+    None for asyncio's own."""
+    name = row.runner.get("loop_factory")
+    if name is None:
+        return None
+    if name != "uvloop":
+        raise ValueError(f"row {row.name}: unknown loop_factory {name!r} (known: uvloop)")
+    import uvloop
+
+    return uvloop.new_event_loop

@@ -24,8 +24,9 @@ from confluent_kafka import Consumer, TopicPartition
 from parallel_consumer.bench import features
 from parallel_consumer.bench.contestants.base import LogRecorder, RunEnv
 from parallel_consumer.bench.kafka_io import base_consumer_config, new_group
-from parallel_consumer.bench.model import Observation, Row
-from parallel_consumer.bench.work import async_work
+from parallel_consumer.bench.measure import lane_of
+from parallel_consumer.bench.model import Observation, Ordering, Row
+from parallel_consumer.bench.work import async_work, loop_factory
 
 __all__ = ["AsyncioFloorContestant", "lanes_in_order", "read_records"]
 
@@ -60,7 +61,7 @@ def _partition_offset(record: Record) -> tuple[int, int]:
     return record[0], record[2]
 
 
-def lanes_in_order(records: list[Record], ordering: str) -> list[list[Record]]:
+def lanes_in_order(records: list[Record], ordering: Ordering) -> list[list[Record]]:
     """``records`` split into what may not run at once, each lane in offset order, lanes in
     the order of their first record when the partitions are read round-robin (as a consumer
     fetching every partition sees them). Lanes start in that order, not longest first: in W6
@@ -73,12 +74,9 @@ def lanes_in_order(records: list[Record], ordering: str) -> list[list[Record]]:
     columns = list(by_partition.values())
     for i in range(max(map(len, columns), default=0)):
         interleaved.extend(column[i] for column in columns if i < len(column))
-    if ordering == "UNORDERED":
-        return [[record] for record in interleaved]
     lanes: dict[object, list[Record]] = {}
     for record in interleaved:
-        lane = (record[0], record[1]) if ordering == "KEY" else record[0]
-        lanes.setdefault(lane, []).append(record)
+        lanes.setdefault(lane_of(*record, ordering), []).append(record)
     return list(lanes.values())
 
 
@@ -104,7 +102,7 @@ class AsyncioFloorContestant:
     def run(self, env: RunEnv, row: Row, topic: str, ends: dict[int, int]) -> Observation:
         lanes = lanes_in_order(read_records(env.bootstrap, topic, ends, env.timeout), row.ordering)
         recorder = LogRecorder(sum(len(lane) for lane in lanes))
-        loop = _new_loop(row)
+        loop = (loop_factory(row) or asyncio.new_event_loop)()
         started = time.time()
         try:
             finished = loop.run_until_complete(
@@ -120,14 +118,6 @@ class AsyncioFloorContestant:
             log=recorder.log,
             extra={"clock": "first call to the end of the last; records read beforehand"},
         )
-
-
-def _new_loop(row: Row) -> asyncio.AbstractEventLoop:
-    if row.runner.get("loop_factory") == "uvloop":
-        import uvloop
-
-        return uvloop.new_event_loop()
-    return asyncio.new_event_loop()
 
 
 async def _run(lanes: list[list[Record]], row: Row, recorder: LogRecorder) -> float:
@@ -157,6 +147,7 @@ async def _run(lanes: list[list[Record]], row: Row, recorder: LogRecorder) -> fl
         error = None if task.cancelled() else task.exception()
         if error is not None:  # a failure of the harness itself: end the run with it
             failures.append(error)
+            waiting.clear()
             all_done.set()
         elif waiting:
             start(waiting.popleft())

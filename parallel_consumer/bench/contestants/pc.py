@@ -12,7 +12,7 @@ from parallel_consumer.bench import features
 from parallel_consumer.bench.contestants.base import LogRecorder, RunEnv
 from parallel_consumer.bench.kafka_io import base_consumer_config, new_group
 from parallel_consumer.bench.model import Observation, Row
-from parallel_consumer.bench.work import async_work, burn, cpu_rounds, sync_work
+from parallel_consumer.bench.work import async_work, burn, cpu_rounds, loop_factory, sync_work
 from parallel_consumer.options import CommitMode, RunnerKind
 from parallel_consumer.testing import create_topic
 
@@ -41,10 +41,8 @@ class ParallelConsumerContestant:
         extra: dict[str, Any] = dict(row.runner)
         if "runner" in extra:
             extra["runner"] = RunnerKind(extra["runner"])
-        if extra.get("loop_factory") == "uvloop":
-            import uvloop
-
-            extra["loop_factory"] = uvloop.new_event_loop
+        if "loop_factory" in extra:
+            extra["loop_factory"] = loop_factory(row)
         if row.produce:
             extra["commit_mode"] = CommitMode[row.produce]
         return Options(

@@ -125,3 +125,17 @@ def test_lanes_keep_offset_order_whatever_order_the_records_come_in():
     shuffled = [RECORDS[i] for i in (5, 2, 3, 0, 4, 1)]
     assert floor.lanes_in_order(shuffled, "KEY") == floor.lanes_in_order(RECORDS, "KEY")
     assert floor.lanes_in_order(shuffled, "PARTITION") == [RECORDS[:3], RECORDS[3:]]
+
+
+def test_a_rows_loop_is_asyncios_or_uvloops_and_nothing_else():
+    from parallel_consumer.bench.work import loop_factory
+
+    (plain, on_uvloop) = [
+        r for r in WORKLOADS["W6"].rows("tiny") if r.label.startswith("UNORDERED")
+    ]
+    assert loop_factory(plain) is None
+    odd = Row(**{**on_uvloop.__dict__, "runner": {"loop_factory": "trio"}})
+    with pytest.raises(ValueError, match="unknown loop_factory 'trio'"):
+        loop_factory(odd)
+    uvloop = pytest.importorskip("uvloop")
+    assert loop_factory(on_uvloop) is uvloop.new_event_loop
