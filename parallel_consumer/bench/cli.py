@@ -15,6 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from parallel_consumer.bench.gc_mode import GC_MODES, TUNED_YOUNG_THRESHOLD, gc_mode
+
 __all__ = ["main"]
 
 DEFAULT_OUT = Path("benchmarks/results")
@@ -60,6 +62,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--repeat", type=int, default=None, help="runs per row (default 3; quick 1)")
     run.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the JSON file")
     run.add_argument("--timeout", type=float, default=600.0, help="most seconds for one run")
+    run.add_argument(
+        "--gc",
+        choices=GC_MODES,
+        default="default",
+        help="the garbage collector's settings for the in-process contestants: the "
+        "interpreter's (default) or docs/performance.md's tuning (gc.freeze() after start-up, "
+        f"young threshold {TUNED_YOUNG_THRESHOLD:,})",
+    )
     commands.add_parser("list", help="list workloads and contestants")
     plot = commands.add_parser("plot", help="write PNG charts of a run's JSON")
     plot.add_argument("results", type=Path)
@@ -148,7 +158,13 @@ def _run(args: argparse.Namespace) -> int:
         say(f"broker {broker.version} ready at {bootstrap} in {broker.start_seconds:.1f} s")
     try:
         machine = report.machine_facts(bootstrap if broker is None else "LocalKafka", kafka_version)
-        results = run_rows(RunEnv(bootstrap, args.timeout), rows, contestants, repeat, progress)
+        with gc_mode(args.gc) as gc_settings:
+            if args.gc != "default":
+                say(
+                    f"garbage collector {args.gc}: thresholds {gc_settings['thresholds']}, "
+                    f"{gc_settings['frozen_objects']:,} objects frozen (in-process contestants)"
+                )
+            results = run_rows(RunEnv(bootstrap, args.timeout), rows, contestants, repeat, progress)
     finally:
         progress.close()
         if broker is not None:
@@ -164,6 +180,7 @@ def _run(args: argparse.Namespace) -> int:
             "repeat": repeat,
             "contestants": contestants,
             "timeout": args.timeout,
+            "gc": gc_settings,
             "command": sys.argv,
         },
         skipped_contestants=skipped_contestants,

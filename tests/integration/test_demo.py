@@ -7,6 +7,7 @@ guided single-consumer example) keeps its own test.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import re
@@ -123,3 +124,25 @@ def test_the_event_loop_floor_runs_beside_pc_on_the_async_rows(kafka, tmp_path, 
         assert (floor["missing"], floor["duplicates"], floor["order_ok"]) == (0, 0, True), name
         assert [run["records"] for run in floor["runs"]] == [200], name
         assert floor["wall"] > 0, name
+
+
+def test_a_run_with_the_tuned_collector_says_so_and_records_it(kafka, tmp_path, capsys):
+    # Given a tiny W6 run with the garbage collector tuned
+    thresholds = gc.get_threshold()
+    argv = ["run", "W6", "--scale", "tiny", "--repeat", "1", "--peers", "none", "--gc", "tuned"]
+    argv += ["--bootstrap", kafka.bootstrap_servers, "--out", str(tmp_path)]
+
+    # When it runs
+    code = cli.main(argv)
+
+    # Then it ran, said how the collector was set, recorded it, and set it back afterwards
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "garbage collector tuned: thresholds [10000," in out
+    (results,) = tmp_path.glob("pc-bench-*.json")
+    recorded = json.loads(results.read_text())["parameters"]["gc"]
+    assert recorded["mode"] == "tuned"
+    assert recorded["thresholds"] == [10_000, *thresholds[1:]]
+    assert recorded["frozen_objects"] > 0
+    assert gc.get_threshold() == thresholds
+    assert gc.get_freeze_count() == 0

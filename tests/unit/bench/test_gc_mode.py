@@ -1,0 +1,59 @@
+"""pc-bench's garbage-collector modes: applied for the run only, and recorded."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from parallel_consumer.bench import cli
+from parallel_consumer.bench.gc_mode import TUNED_YOUNG_THRESHOLD, gc_mode
+
+
+@pytest.fixture
+def interpreter_settings():
+    before = gc.get_threshold(), gc.get_freeze_count()
+    yield before
+    assert (gc.get_threshold(), gc.get_freeze_count()) == before
+
+
+def test_default_leaves_the_collector_as_it_is(interpreter_settings):
+    thresholds, frozen = interpreter_settings
+    with gc_mode("default") as applied:
+        assert gc.get_threshold() == thresholds
+        assert gc.get_freeze_count() == frozen
+    assert applied == {
+        "mode": "default",
+        "enabled": gc.isenabled(),
+        "thresholds": list(thresholds),
+        "frozen_objects": frozen,
+    }
+
+
+def test_tuned_freezes_start_up_and_raises_the_young_threshold_for_the_block_only(
+    interpreter_settings,
+):
+    thresholds, _ = interpreter_settings
+    with gc_mode("tuned") as applied:
+        assert gc.get_threshold() == (TUNED_YOUNG_THRESHOLD, *thresholds[1:])
+        assert gc.get_freeze_count() > 1000  # this interpreter's modules, at least
+        assert applied["thresholds"] == [TUNED_YOUNG_THRESHOLD, *thresholds[1:]]
+        assert applied["frozen_objects"] > 1000  # (a frozen object may still be freed)
+    # (the fixture checks that both came back)
+
+
+def test_tuned_gives_the_settings_back_when_the_run_fails(interpreter_settings):
+    with pytest.raises(RuntimeError), gc_mode("tuned"):
+        raise RuntimeError("a run failed")
+
+
+def test_an_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="unknown GC mode 'off'; known: default, tuned"):
+        gc_mode("off").__enter__()
+
+
+def test_the_command_line_offers_only_the_known_modes(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["run", "W6", "--gc", "off"])
+    assert exited.value.code == 2
+    assert "invalid choice: 'off'" in capsys.readouterr().err
