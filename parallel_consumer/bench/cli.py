@@ -67,8 +67,8 @@ def _parser() -> argparse.ArgumentParser:
         choices=GC_MODES,
         default="default",
         help="the garbage collector's settings for the in-process contestants: the "
-        "interpreter's (default) or docs/performance.md's tuning (gc.freeze() after start-up, "
-        f"young threshold {TUNED_YOUNG_THRESHOLD:,})",
+        "interpreter's (default) or the tuning docs/async-handlers.md recommends (gc.freeze() "
+        f"after start-up, young threshold {TUNED_YOUNG_THRESHOLD:,})",
     )
     commands.add_parser("list", help="list workloads and contestants")
     plot = commands.add_parser("plot", help="write PNG charts of a run's JSON")
@@ -159,11 +159,10 @@ def _run(args: argparse.Namespace) -> int:
     try:
         machine = report.machine_facts(bootstrap if broker is None else "LocalKafka", kafka_version)
         with gc_mode(args.gc) as gc_settings:
-            if args.gc != "default":
-                say(
-                    f"garbage collector {args.gc}: thresholds {gc_settings['thresholds']}, "
-                    f"{gc_settings['frozen_objects']:,} objects frozen (in-process contestants)"
-                )
+            say(
+                f"garbage collector {args.gc}: thresholds {gc_settings['thresholds']}, "
+                f"{gc_settings['frozen_objects']:,} objects frozen (in-process contestants)"
+            )
             results = run_rows(RunEnv(bootstrap, args.timeout), rows, contestants, repeat, progress)
     finally:
         progress.close()

@@ -1,12 +1,14 @@
 """The garbage collector's settings for a run: Python's own, or the tuning that
-docs/performance.md#garbage-collection recommends for consumers with many calls in flight.
+docs/async-handlers.md ("Thousands in flight") recommends for consumers with many calls in
+flight.
 
 CPython's cyclic collector runs a young collection every 700 net allocations of container
-objects. A consumer with thousands of calls in flight allocates a few dozen such objects per
-record (tasks, coroutines, futures, contexts), and a call that lives longer than a few young
-collections is promoted to the oldest generation, whose collections walk every object in the
-process. ``tuned`` freezes what start-up made (it is never garbage) and raises the young
-threshold to :data:`TUNED_YOUNG_THRESHOLD`, so most calls end before their first collection.
+objects (its default up to 3.13). A consumer with thousands of calls in flight allocates a few
+dozen such objects per record (tasks, coroutines, futures, contexts), and a call that lives
+longer than a few young collections is promoted to the oldest generation, whose collections
+walk every object in the process. ``tuned`` freezes what start-up made (it is never garbage)
+and raises the young threshold to :data:`TUNED_YOUNG_THRESHOLD`, so most calls end before
+their first collection.
 
 The setting is the process's: it applies to every contestant that runs in this process (``pc``,
 ``pc-otel``, ``serial``, ``raw``, ``asyncio``, ``pyrallel``, ``share``); not to ``java-pc``, a JVM

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 
 import pytest
 
@@ -57,3 +58,37 @@ def test_the_command_line_offers_only_the_known_modes(capsys):
         cli.main(["run", "W6", "--gc", "off"])
     assert exited.value.code == 2
     assert "invalid choice: 'off'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["default", "tuned"])
+def test_the_rows_run_under_the_chosen_settings_and_the_file_records_them(
+    mode, monkeypatch, tmp_path, interpreter_settings
+):
+    # Given a run whose broker and rows are stand-ins that note the collector's settings
+    from parallel_consumer.bench import kafka_io, runner
+
+    seen = {}
+
+    def run_rows(env, rows, contestants, repeat, progress):
+        seen["thresholds"] = gc.get_threshold()
+        seen["frozen"] = gc.get_freeze_count()
+        return []
+
+    monkeypatch.setattr(kafka_io, "check_reachable", lambda bootstrap: None)
+    monkeypatch.setattr(runner, "run_rows", run_rows)
+
+    # When pc-bench runs with --gc <mode>
+    argv = ["run", "W6", "--peers", "none", "--bootstrap", "127.0.0.1:1", "--out", str(tmp_path)]
+    assert cli.main([*argv, "--gc", mode]) == 0
+
+    # Then the rows ran under that mode's settings, and the results file says so
+    thresholds, frozen = interpreter_settings
+    if mode == "tuned":
+        assert seen["thresholds"] == (TUNED_YOUNG_THRESHOLD, *thresholds[1:])
+        assert seen["frozen"] > 1000
+    else:
+        assert seen == {"thresholds": thresholds, "frozen": frozen}
+    (results,) = tmp_path.glob("pc-bench-*.json")
+    recorded = json.loads(results.read_text())["parameters"]["gc"]
+    assert recorded["mode"] == mode
+    assert tuple(recorded["thresholds"]) == seen["thresholds"]
