@@ -33,16 +33,18 @@ TUNED_YOUNG_THRESHOLD = 10_000
 @contextmanager
 def gc_mode(mode: str) -> Iterator[dict[str, Any]]:
     """Apply ``mode`` for the block; yields what was applied (for the results file). The
-    interpreter's settings come back afterwards: the thresholds as they were, nothing frozen."""
+    thresholds come back afterwards as they were. What the block froze is unfrozen again,
+    unless the caller had frozen objects already: ``gc`` cannot unfreeze some objects and not
+    others, and the caller's must stay frozen."""
     if mode not in GC_MODES:
         raise ValueError(f"unknown GC mode {mode!r}; known: {', '.join(GC_MODES)}")
     before = gc.get_threshold()
-    froze = False
+    unfreeze = False
     try:
         if mode == "tuned":
             gc.collect()  # (what is garbage now should not be frozen with the rest)
+            unfreeze = gc.get_freeze_count() == 0
             gc.freeze()
-            froze = True
             gc.set_threshold(TUNED_YOUNG_THRESHOLD, *before[1:])
         yield {
             "mode": mode,
@@ -52,5 +54,5 @@ def gc_mode(mode: str) -> Iterator[dict[str, Any]]:
         }
     finally:
         gc.set_threshold(*before)
-        if froze:
+        if unfreeze:
             gc.unfreeze()
