@@ -116,11 +116,85 @@ def start_query(
     )
 
 
+#: Where the machine's CPU goes during a measured run (Linux; elsewhere nothing is read):
+#: each role is the processes whose command line holds one of its marks.
+CPU_ROLES = {
+    "spark_jvm": ("org.apache.spark.deploy.SparkSubmit",),
+    "python_workers": ("pyspark.daemon", "pyspark.worker"),
+    "broker": ("kafka.Kafka",),
+}
+
+
+def cpu_snapshot() -> dict[str, Any] | None:
+    """CPU seconds so far of every process by role (``bench`` is this one), and the
+    machine's busy and steal seconds from ``/proc/stat``; None where there is no ``/proc``."""
+    proc = Path("/proc")
+    if not (proc / "stat").exists():
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    by_pid: dict[int, tuple[str, float]] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            # Fields after the command's name (in parentheses, which may hold spaces).
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # (it ended meanwhile)
+            continue
+        pid = int(entry.name)
+        role = "bench" if pid == os.getpid() else None
+        for name, marks in CPU_ROLES.items():
+            if role is None and any(mark in cmdline for mark in marks):
+                role = name
+        used = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        by_pid[pid] = (role or "other", used)
+    threads: dict[str, float] = {}  # the Spark JVM's CPU by thread name, digits dropped
+    for pid, (role, _) in by_pid.items():
+        if role == "spark_jvm":
+            for task in (proc / str(pid) / "task").iterdir():
+                try:
+                    name = (task / "comm").read_text().strip()
+                    fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                name = "".join(c for c in name if not c.isdigit()).strip(" -#")
+                threads[name] = threads.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    cpu = (proc / "stat").read_text().splitlines()[0].split()[1:]
+    # user nice system idle iowait irq softirq steal
+    ticks = [int(v) for v in cpu[:8]]
+    return {
+        "pids": by_pid,
+        "jvm_threads": threads,
+        "busy_s": (sum(ticks[:3]) + ticks[5] + ticks[6]) / tick,
+        "steal_s": ticks[7] / tick,
+    }
+
+
+def cpu_used(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, float]:
+    """CPU seconds used between two snapshots, by role, and the machine's busy and steal
+    seconds (a process that ended between them is missing; one that began counts whole)."""
+    if before is None or after is None:
+        return {}
+    used: dict[str, float] = {}
+    for pid, (role, seconds) in after["pids"].items():
+        start = before["pids"].get(pid, (role, 0.0))[1]
+        used[role] = used.get(role, 0.0) + seconds - start
+    for name, seconds in after["jvm_threads"].items():
+        spent = seconds - before["jvm_threads"].get(name, 0.0)
+        if spent > 0:
+            used[f"jvm/{name}"] = spent
+    used["machine_busy"] = after["busy_s"] - before["busy_s"]
+    used["machine_steal"] = after["steal_s"] - before["steal_s"]
+    return used
+
+
 def run_spark(
     spark: Any, args: argparse.Namespace, bootstrap: str, source: str, output: str
 ) -> dict[str, Any]:
     before = end_offsets(bootstrap, output, args.partitions)
     with tempfile.TemporaryDirectory(prefix="spark-bench-") as checkpoint:
+        cpu_before = cpu_snapshot()
         began = time.perf_counter()
         began_at = time.time()
         query = start_query(
@@ -139,6 +213,7 @@ def run_spark(
         )
         query.awaitTermination()
         wall = time.perf_counter() - began
+        cpu = cpu_used(cpu_before, cpu_snapshot())
         assert query.exception() is None, query.exception()
         batches = [p for p in query.recentProgress if p["numInputRows"]]
     written = end_offsets(bootstrap, output, args.partitions) - before
@@ -153,6 +228,9 @@ def run_spark(
         "rows": [p["numInputRows"] for p in batches],
         "trigger_s": triggers,
         "startup_s": startup,
+        # CPU seconds from start() to the end, by role, and the machine's busy and steal
+        # seconds (of wall x cpus); empty where there is no /proc.
+        "cpu_s": cpu,
         # Where Spark's time per micro-batch goes (seconds, mean over the batches).
         "phases_s": {
             phase: statistics.mean(p["durationMs"].get(phase, 0) for p in batches) / 1000
@@ -455,8 +533,30 @@ def main() -> int:
         f"  (session start, not counted: {session_s:.1f} s; {args.warmup} warm-up runs; JVM "
         f"flags {' '.join(o for o in jvm_options.split() if o.startswith('-XX:+Use')) or '-'})"
     )
+    cpu_line = cpu_summary(runs)
+    if cpu_line:
+        print(cpu_line)
     save(args, runs, session_s, jvm_options, "spark")
     return 0
+
+
+def cpu_summary(runs: list[dict[str, Any]]) -> str:
+    """Medians of the CPU seconds each role used per run, beside what the machine had."""
+    if not all(run.get("cpu_s") for run in runs):
+        return ""
+    roles = ("spark_jvm", "python_workers", "broker", "bench", "other")
+    cpus = os.cpu_count() or 1
+
+    def median(name: str) -> float:
+        return float(statistics.median(run["cpu_s"].get(name, 0.0) for run in runs))
+
+    parts = ", ".join(f"{role} {median(role):.2f}" for role in roles)
+    capacity = statistics.median(run["wall_s"] for run in runs) * cpus
+    return (
+        f"  CPU from start() to the end (medians, seconds): {parts}; the machine busy "
+        f"{median('machine_busy'):.2f} of {capacity:.2f} "
+        f"(wall x {cpus} cpus), steal {median('machine_steal'):.2f}"
+    )
 
 
 if __name__ == "__main__":
