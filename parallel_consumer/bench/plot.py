@@ -47,10 +47,12 @@ def plot(results: Path, out: Path | None = None) -> list[Path]:
 def _subtitle(document: dict[str, Any]) -> str:
     m = document["machine"]
     p = document["parameters"]
+    gc = p.get("gc") or {}
+    collector = f"; garbage collector {gc['mode']}" if gc.get("mode") else ""
     return (
         f"{m.get('cores')} cores, Python {m.get('python')}, confluent-kafka "
         f"{m.get('confluent_kafka')}, Kafka {m.get('kafka') or '?'}; scale {p.get('scale')}, "
-        f"median of {p.get('repeat')}"
+        f"median of {p.get('repeat')}{collector}"
     )
 
 

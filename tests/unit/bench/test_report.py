@@ -71,3 +71,14 @@ def test_plot_writes_the_w1_and_w2_charts(tmp_path):
     written = plot.plot(path)
     assert [p.name for p in written] == [f"{path.stem}-W1.png", f"{path.stem}-W2.png"]
     assert all(p.stat().st_size > 10_000 for p in written)
+
+
+def test_a_chart_names_the_garbage_collector_settings_of_its_run():
+    document = {
+        "machine": {"cores": 2, "python": "3.11.7", "confluent_kafka": "2.6", "kafka": "4.3.1"},
+        "parameters": {"scale": "full", "repeat": 3, "gc": {"mode": "tuned"}},
+    }
+    assert plot._subtitle(document).endswith("median of 3; garbage collector tuned")
+    # Files written before pc-bench recorded the collector say nothing of it.
+    del document["parameters"]["gc"]
+    assert "garbage collector" not in plot._subtitle(document)
