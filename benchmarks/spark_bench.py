@@ -2,7 +2,7 @@
 
 Run: ``python benchmarks/spark_bench.py [--records 20000] [--keys 100] [--partitions 8]
 [--sleep-ms 2] [--master local[2]] [--max-offsets 5000] [--repeat 3] [--warmup 3]
-[--running [--interval 4]]``.
+[--running | --steady] [--interval 4]``.
 
 Workload: ``--records`` records of ``--keys`` keys in ``--partitions`` partitions of a topic on a
 local Apache Kafka broker (same machine); a ``poll_and_produce`` handler that sleeps
@@ -24,6 +24,11 @@ running (fresh topics; a first micro-batch of one record per partition has made 
 consumers), all in one micro-batch, and measures that micro-batch's trigger time: a live
 pipeline's figure, without the query's start-up and first reads.
 
+With ``--steady``, one query runs through every repetition (``--warmup`` micro-batches, then
+``--repeat`` measured ones, each of ``--records`` new records), and each measured micro-batch's
+trigger time is set beside the core alone over its records: a query that has run for a while,
+whose code the JVM has compiled, as in a pipeline that runs for hours.
+
 Reported: records/s of each, Spark's overhead (spark - core) in total, split into the query's
 start-up (``start()`` to the first trigger, paid once per query) and the rest per micro-batch,
 and Spark's own progress figures (trigger time per micro-batch, its phases). ``--repeat N``
@@ -36,6 +41,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import tempfile
@@ -125,9 +131,23 @@ CPU_ROLES = {
 }
 
 
+def _stat_fields(path: Path) -> list[str]:
+    """The fields of a ``stat`` file after the command's name (in parentheses, which may
+    hold spaces and parentheses of its own): ``[11]`` is utime, ``[12]`` stime."""
+    return path.read_text().rsplit(")", 1)[1].split()
+
+
+def thread_kind(name: str) -> str:
+    """A JVM thread's name without its trailing number: ``Executor task launch worker for
+    task 12`` and ``... 13`` count together, while ``C1 CompilerThre`` (the quick compiler)
+    and ``C2 CompilerThre`` (the optimising one) stay apart."""
+    return re.sub(r"[\s#-]*\d+$", "", name.strip()) or name.strip()
+
+
 def cpu_snapshot() -> dict[str, Any] | None:
-    """CPU seconds so far of every process by role (``bench`` is this one), and the
-    machine's busy and steal seconds from ``/proc/stat``; None where there is no ``/proc``."""
+    """CPU seconds so far of every process by role (``bench`` is this one), of every thread of
+    the Spark JVM (by thread id, with its name), and the machine's busy and steal seconds from
+    ``/proc/stat``; None where there is no ``/proc``."""
     proc = Path("/proc")
     if not (proc / "stat").exists():
         return None
@@ -138,8 +158,7 @@ def cpu_snapshot() -> dict[str, Any] | None:
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            # Fields after the command's name (in parentheses, which may hold spaces).
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            fields = _stat_fields(entry / "stat")
         except OSError:  # (it ended meanwhile)
             continue
         pid = int(entry.name)
@@ -147,19 +166,22 @@ def cpu_snapshot() -> dict[str, Any] | None:
         for name, marks in CPU_ROLES.items():
             if role is None and any(mark in cmdline for mark in marks):
                 role = name
-        used = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
-        by_pid[pid] = (role or "other", used)
-    threads: dict[str, float] = {}  # the Spark JVM's CPU by thread name, digits dropped
+        by_pid[pid] = (role or "other", (int(fields[11]) + int(fields[12])) / tick)
+    threads: dict[int, tuple[str, float]] = {}  # the Spark JVM's, by thread id
     for pid, (role, _) in by_pid.items():
-        if role == "spark_jvm":
-            for task in (proc / str(pid) / "task").iterdir():
-                try:
-                    name = (task / "comm").read_text().strip()
-                    fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue
-                name = "".join(c for c in name if not c.isdigit()).strip(" -#")
-                threads[name] = threads.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        if role != "spark_jvm":
+            continue
+        try:
+            tasks = list((proc / str(pid) / "task").iterdir())
+        except OSError:  # (the JVM ended meanwhile)
+            continue
+        for task in tasks:
+            try:
+                name = thread_kind((task / "comm").read_text())
+                fields = _stat_fields(task / "stat")
+            except OSError:
+                continue
+            threads[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / tick)
     cpu = (proc / "stat").read_text().splitlines()[0].split()[1:]
     # user nice system idle iowait irq softirq steal
     ticks = [int(v) for v in cpu[:8]]
@@ -173,17 +195,23 @@ def cpu_snapshot() -> dict[str, Any] | None:
 
 def cpu_used(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, float]:
     """CPU seconds used between two snapshots, by role, and the machine's busy and steal
-    seconds (a process that ended between them is missing; one that began counts whole)."""
+    seconds (a process that ended between them is missing; one that began counts whole).
+    The Spark JVM's threads are differenced one by one and summed by name (``jvm/<name>``);
+    what threads that ended meanwhile used is ``jvm/(ended threads)``."""
     if before is None or after is None:
         return {}
     used: dict[str, float] = {}
     for pid, (role, seconds) in after["pids"].items():
         start = before["pids"].get(pid, (role, 0.0))[1]
         used[role] = used.get(role, 0.0) + seconds - start
-    for name, seconds in after["jvm_threads"].items():
-        spent = seconds - before["jvm_threads"].get(name, 0.0)
+    by_thread = 0.0
+    for tid, (name, seconds) in after["jvm_threads"].items():
+        spent = seconds - before["jvm_threads"].get(tid, (name, 0.0))[1]
         if spent > 0:
-            used[f"jvm/{name}"] = spent
+            used[f"jvm/{name}"] = used.get(f"jvm/{name}", 0.0) + spent
+            by_thread += spent
+    if "spark_jvm" in used and used["spark_jvm"] - by_thread > 0:
+        used["jvm/(ended threads)"] = used["spark_jvm"] - by_thread
     used["machine_busy"] = after["busy_s"] - before["busy_s"]
     used["machine_steal"] = after["steal_s"] - before["steal_s"]
     return used
@@ -361,24 +389,156 @@ def measure_running(
     return runs
 
 
+def measure_steady(
+    spark: Any, args: argparse.Namespace, bootstrap: str, tasks: int
+) -> list[dict[str, Any]]:
+    """``--steady``: one query runs through every repetition, as a live pipeline does.
+
+    Fresh topics and one query (``--interval`` seconds between triggers), whose first
+    micro-batch is one record per partition. Each repetition, warm-ups included, produces
+    ``--records`` new records as soon as the last micro-batch ended, so that they make the
+    next one, waits for it (one look at ``lastProgress`` every 50 ms: ``recentProgress``
+    costs a round trip to the JVM per micro-batch kept, which would load the machine more as
+    the query goes on) and takes its trigger time from the query's progress, by batch id.
+    The JVM compiles a new query's code while its first micro-batches run; here the later
+    ones find it compiled, as micro-batches do in a query that runs for hours. The core alone
+    runs over the same records after the query has stopped."""
+    source = create_topic(
+        bootstrap, f"spark-bench-steady-{uuid.uuid4().hex[:8]}", partitions=args.partitions
+    )
+    output = create_topic(bootstrap, f"{source}-out", partitions=args.partitions)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for partition in range(args.partitions):
+        producer.produce(source, b"warm", b"warm", partition=partition)
+    assert producer.flush(60) == 0
+
+    measured: list[tuple[dict[str, Any], list[InputRecord]]] = []
+    with tempfile.TemporaryDirectory(prefix="spark-bench-") as checkpoint:
+        query = start_query(
+            spark,
+            args,
+            bootstrap,
+            source,
+            output,
+            checkpoint,
+            source_options=dict(args.source_option),
+            sink_options=dict(args.sink_option),
+            trigger={"processingTime": f"{args.interval} seconds"},
+        )
+
+        def batches_after(last: int, rows: int) -> list[dict[str, Any]]:
+            """The micro-batches after batch ``last`` that read rows, once they read ``rows``."""
+            deadline = time.monotonic() + 120 + 2 * args.interval
+            while True:
+                progress = query.lastProgress
+                if progress is not None and progress["batchId"] > last:
+                    batches = [
+                        p for p in query.recentProgress if p["batchId"] > last and p["numInputRows"]
+                    ]
+                    if sum(p["numInputRows"] for p in batches) >= rows:
+                        return batches
+                assert time.monotonic() < deadline, "the records were not all read"
+                assert query.exception() is None, query.exception()
+                time.sleep(0.05)
+
+        try:
+            last = batches_after(-1, args.partitions)[-1]["batchId"]  # the warm micro-batch
+            for repetition in range(args.warmup + args.repeat):
+                produced = time.perf_counter()
+                records = produce(bootstrap, source, args.records, args.keys)
+                produce_s = time.perf_counter() - produced
+                cpu_before = cpu_snapshot()
+                batches = batches_after(last, args.records)
+                cpu = cpu_used(cpu_before, cpu_snapshot())
+                if len(batches) != 1 or batches[0]["numInputRows"] != args.records:
+                    raise RuntimeError(
+                        f"the records came in {len(batches)} micro-batches (producing them "
+                        f"took {produce_s:.2f} s): raise --interval"
+                    )
+                progress = batches[0]
+                last = progress["batchId"]
+                if repetition < args.warmup:
+                    continue
+                trigger_s = progress["durationMs"]["triggerExecution"] / 1000
+                run = {
+                    "trigger_s": trigger_s,
+                    "produce_s": produce_s,
+                    "phases_s": {phase: ms / 1000 for phase, ms in progress["durationMs"].items()},
+                    "batch_id": progress["batchId"],
+                    # From the records written to the end of their micro-batch: the wait for
+                    # the trigger (idle, up to --interval) is in this window, the producing not.
+                    "cpu_s": cpu,
+                    "trigger_rps": args.records / trigger_s,
+                }
+                measured.append((run, records))
+                print(
+                    f"micro-batch {run['batch_id']} of {args.records:,} in one running query "
+                    f"{trigger_s:.2f} s ({run['trigger_rps']:,.0f} records/s)",
+                    flush=True,
+                )
+        finally:
+            query.stop()
+    written = end_offsets(bootstrap, output, args.partitions)
+    total = args.partitions + args.records * (args.warmup + args.repeat)
+    assert written == total, f"{written} outputs for {total} inputs"
+    runs = []
+    for index, (run, records) in enumerate(measured, 1):
+        core_s = run_core(args, records, [args.records], tasks)
+        run.update(
+            core_s=core_s, core_rps=args.records / core_s, overhead_s=run["trigger_s"] - core_s
+        )
+        runs.append(run)
+        print(
+            f"run {index}: micro-batch {run['batch_id']} {run['trigger_s']:.2f} s "
+            f"({run['trigger_rps']:,.0f} records/s), core {core_s:.2f} s, overhead "
+            f"{run['overhead_s']:.3f} s",
+            flush=True,
+        )
+    return runs
+
+
 def report_running(
-    args: argparse.Namespace, runs: list[dict[str, Any]], session_s: float, jvm_options: str
+    args: argparse.Namespace,
+    runs: list[dict[str, Any]],
+    session_s: float,
+    jvm_options: str,
+    *,
+    steady: bool = False,
 ) -> int:
     def median(name: str) -> float:
         return float(statistics.median(r[name] for r in runs))
 
+    where = (
+        f"micro-batches {runs[0].get('batch_id')}-{runs[-1].get('batch_id')} of one query"
+        if steady
+        else "a running query"
+    )
     print(
-        f"\nmedians of {len(runs)}, a running query ({args.records:,} records in one "
+        f"\nmedians of {len(runs)}, {where} ({args.records:,} records in one "
         f"micro-batch, {args.keys} keys, {args.partitions} partitions, {args.sleep_ms} ms "
         f"handler, {args.master}, {args.concurrency} lanes per task):\n"
         f"  spark   {median('trigger_s'):.2f} s  {median('trigger_rps'):>9,.0f} records/s\n"
         f"  core    {median('core_s'):.2f} s  {median('core_rps'):>9,.0f} records/s\n"
         f"  overhead {median('overhead_s'):.3f} s per micro-batch\n"
-        f"  (session start, not counted: {session_s:.1f} s; {args.warmup} warm-up runs; JVM "
-        f"flags {' '.join(o for o in jvm_options.split() if o.startswith('-XX:+Use')) or '-'})"
+        f"  (session start, not counted: {session_s:.1f} s; {args.warmup} warm-up "
+        f"{'micro-batches' if steady else 'runs'}; JVM flags {jvm_flags(jvm_options)})"
     )
-    save(args, runs, session_s, jvm_options, "spark-running")
+    if steady:
+        cpu_line = cpu_summary(runs, "from the records written to their micro-batch's end")
+        if cpu_line:
+            print(cpu_line)
+    save(args, runs, session_s, jvm_options, "spark-steady" if steady else "spark-running")
     return 0
+
+
+def jvm_flags(jvm_options: str) -> str:
+    """The -XX flags among the driver's JVM options, without the one pyspark always adds."""
+    flags = [
+        o
+        for o in jvm_options.split()
+        if o.startswith("-XX:") and o != "-XX:+IgnoreUnrecognizedVMOptions"
+    ]
+    return " ".join(flags) or "-"
 
 
 def save(
@@ -429,14 +589,23 @@ def main() -> int:
         "micro-batch's trigger time",
     )
     parser.add_argument(
-        "--interval", type=float, default=4.0, help="--running: seconds between triggers"
+        "--steady",
+        action="store_true",
+        help="one query through every run: --warmup micro-batches, then --repeat measured "
+        "ones, each of --records new records (a live pipeline's steady state)",
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=4.0,
+        help="--running and --steady: seconds between triggers",
     )
     parser.add_argument(
         "--warmup",
         type=int,
         default=3,
-        help="unmeasured runs first (the first measured runs after one were still 0.2-0.4 s "
-        "slower while the JVM compiled)",
+        help="unmeasured runs (with --steady: micro-batches) first (the first measured runs "
+        "after one were still 0.2-0.4 s slower while the JVM compiled)",
     )
     parser.add_argument(
         "--source-option",
@@ -464,14 +633,21 @@ def main() -> int:
     )
     args = parser.parse_args()
 
+    if args.running and args.steady:
+        parser.error("--running and --steady are two ways to measure: choose one")
+    live = "--running" if args.running else "--steady" if args.steady else None
     if args.running and (args.max_offsets or args.source_option or args.sink_option):
         parser.error(
             "--running takes one micro-batch with the default source and sink settings: "
             "--max-offsets, --source-option and --sink-option do not apply"
         )
+    if args.steady and args.max_offsets:
+        parser.error(
+            "--steady measures whole micro-batches of --records: --max-offsets does not apply"
+        )
     with LocalKafka() as kafka:
         bootstrap = kafka.bootstrap_servers
-        if not args.running:  # (--running makes fresh topics per run)
+        if not live:  # (--running and --steady make fresh topics)
             source = create_topic(
                 bootstrap, f"spark-bench-{uuid.uuid4().hex[:8]}", partitions=args.partitions
             )
@@ -486,6 +662,9 @@ def main() -> int:
             if args.running:
                 runs = measure_running(spark, args, bootstrap, tasks)
                 return report_running(args, runs, session_s, jvm_options)
+            if args.steady:
+                runs = measure_steady(spark, args, bootstrap, tasks)
+                return report_running(args, runs, session_s, jvm_options, steady=True)
             for _ in range(args.warmup):  # the Python workers start, the JVM compiles
                 run_spark(spark, args, bootstrap, source, output)
             runs = []
@@ -531,7 +710,7 @@ def main() -> int:
         f"micro-batch {median('trigger_per_batch_s'):.3f} s, {median('trigger_rps'):,.0f} records "
         f"per second of trigger time (Spark's processedRowsPerSecond)\n"
         f"  (session start, not counted: {session_s:.1f} s; {args.warmup} warm-up runs; JVM "
-        f"flags {' '.join(o for o in jvm_options.split() if o.startswith('-XX:+Use')) or '-'})"
+        f"flags {jvm_flags(jvm_options)})"
     )
     cpu_line = cpu_summary(runs)
     if cpu_line:
@@ -540,8 +719,9 @@ def main() -> int:
     return 0
 
 
-def cpu_summary(runs: list[dict[str, Any]]) -> str:
-    """Medians of the CPU seconds each role used per run, beside what the machine had."""
+def cpu_summary(runs: list[dict[str, Any]], window: str = "from start() to the end") -> str:
+    """Medians of the CPU seconds each role used per run, beside what the machine had (when
+    the runs have a ``wall_s``: the window the CPU was read over)."""
     if not all(run.get("cpu_s") for run in runs):
         return ""
     roles = ("spark_jvm", "python_workers", "broker", "bench", "other")
@@ -551,11 +731,12 @@ def cpu_summary(runs: list[dict[str, Any]]) -> str:
         return float(statistics.median(run["cpu_s"].get(name, 0.0) for run in runs))
 
     parts = ", ".join(f"{role} {median(role):.2f}" for role in roles)
-    capacity = statistics.median(run["wall_s"] for run in runs) * cpus
+    busy = f"the machine busy {median('machine_busy'):.2f}"
+    if all("wall_s" in run for run in runs):
+        capacity = statistics.median(run["wall_s"] for run in runs) * cpus
+        busy += f" of {capacity:.2f} (wall x {cpus} cpus)"
     return (
-        f"  CPU from start() to the end (medians, seconds): {parts}; the machine busy "
-        f"{median('machine_busy'):.2f} of {capacity:.2f} "
-        f"(wall x {cpus} cpus), steal {median('machine_steal'):.2f}"
+        f"  CPU {window} (medians, seconds): {parts}; {busy}, steal {median('machine_steal'):.2f}"
     )
 
 
