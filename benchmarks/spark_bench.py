@@ -108,9 +108,13 @@ def start_query(
     source: str,
     output: str,
     checkpoint: str,
-    **settings: Any,
+    trigger: dict[str, Any],
 ) -> Any:
-    """The measured pipeline: ``source`` -> the sleeping handler -> ``output``."""
+    """The measured pipeline: ``source`` -> the sleeping handler -> ``output``, with the
+    source and sink options given (``--max-offsets`` bounding a micro-batch)."""
+    source_options: dict[str, Any] = dict(args.source_option)
+    if args.max_offsets:
+        source_options.setdefault("maxOffsetsPerTrigger", args.max_offsets)
     return run_stream(
         spark,
         make_handler(output, args.sleep_ms / 1000),
@@ -118,7 +122,9 @@ def start_query(
         topic=source,
         checkpoint=checkpoint,
         options=Options(max_concurrency=args.concurrency, max_retries=0),
-        **settings,
+        source_options=source_options,
+        sink_options=dict(args.sink_option),
+        trigger=trigger,
     )
 
 
@@ -226,18 +232,7 @@ def run_spark(
         began = time.perf_counter()
         began_at = time.time()
         query = start_query(
-            spark,
-            args,
-            bootstrap,
-            source,
-            output,
-            checkpoint,
-            source_options={
-                **({"maxOffsetsPerTrigger": args.max_offsets} if args.max_offsets else {}),
-                **dict(args.source_option),
-            },
-            sink_options=dict(args.sink_option),
-            trigger={"availableNow": True},
+            spark, args, bootstrap, source, output, checkpoint, {"availableNow": True}
         )
         query.awaitTermination()
         wall = time.perf_counter() - began
@@ -267,6 +262,26 @@ def run_spark(
     }
 
 
+def live_topics(bootstrap: str, args: argparse.Namespace, kind: str) -> tuple[str, str]:
+    """Fresh source and output topics for a query that will keep running, the source holding
+    one record per partition: the query's first micro-batch, which makes its Kafka consumers
+    and warms its Python workers."""
+    source = create_topic(
+        bootstrap, f"spark-bench-{kind}-{uuid.uuid4().hex[:8]}", partitions=args.partitions
+    )
+    output = create_topic(bootstrap, f"{source}-out", partitions=args.partitions)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for partition in range(args.partitions):
+        producer.produce(source, b"warm", b"warm", partition=partition)
+    assert producer.flush(60) == 0
+    return source, output
+
+
+def live_trigger(args: argparse.Namespace) -> dict[str, Any]:
+    """The trigger of a query that keeps running: one every ``--interval`` seconds."""
+    return {"processingTime": f"{args.interval} seconds"}
+
+
 def run_running(
     spark: Any, args: argparse.Namespace, bootstrap: str
 ) -> tuple[dict[str, Any], list[InputRecord]]:
@@ -276,28 +291,13 @@ def run_running(
     query's Kafka consumers and warms its Python workers; then, right after that micro-batch,
     the records, all before the next trigger (``--interval`` seconds apart), so that they make
     one micro-batch. Measured: that micro-batch's trigger time (Spark's triggerExecution)."""
-    source = create_topic(
-        bootstrap, f"spark-bench-run-{uuid.uuid4().hex[:8]}", partitions=args.partitions
-    )
-    output = create_topic(bootstrap, f"{source}-out", partitions=args.partitions)
-    producer = Producer({"bootstrap.servers": bootstrap})
-    for partition in range(args.partitions):
-        producer.produce(source, b"warm", b"warm", partition=partition)
-    assert producer.flush(60) == 0
+    source, output = live_topics(bootstrap, args, "run")
 
     def batches_with_rows(query: Any) -> list[dict[str, Any]]:
         return [p for p in query.recentProgress if p["numInputRows"]]
 
     with tempfile.TemporaryDirectory(prefix="spark-bench-") as checkpoint:
-        query = start_query(
-            spark,
-            args,
-            bootstrap,
-            source,
-            output,
-            checkpoint,
-            trigger={"processingTime": f"{args.interval} seconds"},
-        )
+        query = start_query(spark, args, bootstrap, source, output, checkpoint, live_trigger(args))
         try:
             deadline = time.monotonic() + 120
             while not batches_with_rows(query):
@@ -403,28 +403,11 @@ def measure_steady(
     The JVM compiles a new query's code while its first micro-batches run; here the later
     ones find it compiled, as micro-batches do in a query that runs for hours. The core alone
     runs over the same records after the query has stopped."""
-    source = create_topic(
-        bootstrap, f"spark-bench-steady-{uuid.uuid4().hex[:8]}", partitions=args.partitions
-    )
-    output = create_topic(bootstrap, f"{source}-out", partitions=args.partitions)
-    producer = Producer({"bootstrap.servers": bootstrap})
-    for partition in range(args.partitions):
-        producer.produce(source, b"warm", b"warm", partition=partition)
-    assert producer.flush(60) == 0
+    source, output = live_topics(bootstrap, args, "steady")
 
     measured: list[tuple[dict[str, Any], list[InputRecord]]] = []
     with tempfile.TemporaryDirectory(prefix="spark-bench-") as checkpoint:
-        query = start_query(
-            spark,
-            args,
-            bootstrap,
-            source,
-            output,
-            checkpoint,
-            source_options=dict(args.source_option),
-            sink_options=dict(args.sink_option),
-            trigger={"processingTime": f"{args.interval} seconds"},
-        )
+        query = start_query(spark, args, bootstrap, source, output, checkpoint, live_trigger(args))
 
         def batches_after(last: int, rows: int) -> list[dict[str, Any]]:
             """The micro-batches after batch ``last`` that read rows, once they read ``rows``."""
