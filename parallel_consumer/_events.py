@@ -7,7 +7,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
+from parallel_consumer.work.commit_tracker import CommitAnswer, OffsetCommit
 from parallel_consumer.work.item import TopicPartition
 from parallel_consumer.work.runs import Run
 
@@ -64,8 +64,8 @@ class Assignment:
     """A newly assigned partition and what the group committed for it.
 
     ``exact_metadata``: the metadata is exactly the committed bytes (read with their length
-    through librdkafka, ``_committed.py``), not a C string confluent-kafka may have read past the
-    end of; the map in it is then decoded whole, never cut conservatively.
+    through librdkafka, ``kafka/committed_reader.py``), not a C string confluent-kafka may
+    have read past the end of; the map in it is then decoded whole, never cut conservatively.
     """
 
     tp: TopicPartition

@@ -20,16 +20,16 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from parallel_consumer._clock import Clock, SystemClock
-from parallel_consumer._closing import FINAL_COMMIT_TIMEOUT, STOP_TIMEOUT
-from parallel_consumer._controller import Controller
-from parallel_consumer._dead_letters import DeadLetters, dead_letter_topics, prepare_topics
-from parallel_consumer._poller import Poller, RebalanceCallback
-from parallel_consumer._producer import Outputs
-from parallel_consumer.commit import Committer, ConsumerCommitter, TransactionalCommitter
 from parallel_consumer.context import PollContext
+from parallel_consumer.engine.closing import FINAL_COMMIT_TIMEOUT, STOP_TIMEOUT
+from parallel_consumer.engine.controller import Controller
+from parallel_consumer.engine.letters import DeadLetters, dead_letter_topics, prepare_topics
 from parallel_consumer.errors import ConfigurationError, ParallelConsumerError
 from parallel_consumer.health import HealthReport
 from parallel_consumer.hooks import Hooks, guarded
+from parallel_consumer.kafka.committers import Committer, ConsumerCommitter, TransactionalCommitter
+from parallel_consumer.kafka.poller import Poller, RebalanceCallback
+from parallel_consumer.kafka.producer import Outputs
 from parallel_consumer.options import Options, RunnerKind
 from parallel_consumer.produce import ProduceResult
 from parallel_consumer.runners.asyncio_loop import AsyncioRunner

@@ -18,7 +18,7 @@ from typing import Protocol, cast
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.errors import ConfigurationError
 from parallel_consumer.health import PartitionStall
-from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
+from parallel_consumer.work.commit_tracker import CommitAnswer, OffsetCommit
 from parallel_consumer.work.item import TopicPartition
 
 __all__ = ["CallSampling", "Hooks", "NoHooks", "StallReport", "active_hooks", "guarded"]

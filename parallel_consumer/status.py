@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from parallel_consumer.work.backpressure import Pauses
-from parallel_consumer.work.commits import CommitTracker
+from parallel_consumer.work.commit_tracker import CommitTracker
 from parallel_consumer.work.counters import Counters
 from parallel_consumer.work.inflight import InFlight
 from parallel_consumer.work.item import TopicPartition

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from parallel_consumer._committed import CommittedReader
+from parallel_consumer.kafka.committed_reader import CommittedReader
 from parallel_consumer.offsets import (
     DEFAULT_MAX_METADATA_BYTES,
     OffsetDecodeError,

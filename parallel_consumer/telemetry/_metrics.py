@@ -31,7 +31,7 @@ from parallel_consumer.context import RecordContext
 from parallel_consumer.hooks import CallSampling, NoHooks
 from parallel_consumer.offsets.encoding import OffsetEncoding
 from parallel_consumer.status import Lifecycle, Statistics
-from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
+from parallel_consumer.work.commit_tracker import CommitAnswer, OffsetCommit
 from parallel_consumer.work.item import TopicPartition
 
 __all__ = ["STATUS_VALUES", "MetricsHooks", "register_gauges"]

@@ -9,9 +9,9 @@ figures are printed (``pytest -s``) so they can be quoted; ``docs/offset-metadat
 
 The byte layouts are identical (``test_java_compat.py``); what these tests see is the transport:
 confluent-kafka passes commit metadata as a C string, see ``docs/offset-metadata.md``. Reading,
-this library avoids that where it can (``parallel_consumer/_committed.py`` reads the metadata with
-its exact length through librdkafka); the Java -> Python cases run both with that reader and with
-the fallback through confluent-kafka's ``committed()``.
+this library avoids that where it can (``parallel_consumer/kafka/committed_reader.py`` reads
+the metadata with its exact length through librdkafka); the Java -> Python cases run both with
+that reader and with the fallback through confluent-kafka's ``committed()``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from parallel_consumer import (
     Retry,
     _committed,
 )
-from parallel_consumer._committed import CommittedReader, ExactReaderUnavailable
+from parallel_consumer.kafka.committed_reader import CommittedReader, ExactReaderUnavailable
 from parallel_consumer.offsets import decode_offset_map, read_committed_metadata
 from parallel_consumer.testing import produce_records
 from parallel_consumer.testing.pytest_plugin import KafkaBroker, TopicFactory

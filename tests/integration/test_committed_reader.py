@@ -1,4 +1,4 @@
-"""The exact committed-metadata reader (``parallel_consumer/_committed.py``) against a real broker.
+"""The exact committed-metadata reader (``kafka/committed_reader.py``) against a real broker.
 
 confluent-kafka's ``committed()`` returns metadata as a C string (up to the first NUL, past the
 end of what was committed when no NUL was stored); the reader returns ``metadata_size`` bytes,
@@ -18,7 +18,7 @@ import pytest
 from engine_support import Engines, Recorder, commit_directly, committed, wait_until
 
 from parallel_consumer import Options, PollContext, _committed
-from parallel_consumer._committed import CommittedReader, ExactReaderUnavailable
+from parallel_consumer.kafka.committed_reader import CommittedReader, ExactReaderUnavailable
 from parallel_consumer.offsets import OffsetEncoding, decode_offset_map, encode_offset_map
 from parallel_consumer.testing import produce_records
 from parallel_consumer.testing.pytest_plugin import KafkaBroker, TopicFactory

@@ -25,9 +25,6 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from parallel_consumer import _controller as controller_module
-from parallel_consumer._controller import Controller
-from parallel_consumer._dead_letters import DeadLetters
 from parallel_consumer._events import (
     Assignment,
     Commit,
@@ -41,16 +38,19 @@ from parallel_consumer._events import (
     WorkDone,
     WorkDoneMany,
 )
-from parallel_consumer.commit import ConsumerCommitter
 from parallel_consumer.context import PollContext
 from parallel_consumer.dead_letter import read_dead_letter
+from parallel_consumer.engine import controller as controller_module
+from parallel_consumer.engine.controller import Controller
+from parallel_consumer.engine.letters import DeadLetters
 from parallel_consumer.errors import ProduceError
+from parallel_consumer.kafka.committers import ConsumerCommitter
 from parallel_consumer.offsets import decode_offset_map
 from parallel_consumer.options import Options, ProcessingOrder
 from parallel_consumer.produce import ProducerRecord
 from parallel_consumer.status import PollerStatistics
 from parallel_consumer.testing.clock import FakeClock
-from parallel_consumer.work.commits import CommitAnswer
+from parallel_consumer.work.commit_tracker import CommitAnswer
 from parallel_consumer.work.credit import Credit
 from parallel_consumer.work.runs import Run
 

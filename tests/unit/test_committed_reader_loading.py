@@ -1,4 +1,4 @@
-"""The exact committed-metadata reader (``parallel_consumer/_committed.py``) without a broker: which
+"""The exact committed-metadata reader (``kafka/committed_reader.py``) without a broker: which
 librdkafka it accepts, the configuration it passes on, and how it falls back.
 
 Its reads against a real broker are in ``tests/integration/test_committed_reader.py``.
@@ -12,8 +12,8 @@ import logging
 import confluent_kafka
 import pytest
 
-from parallel_consumer import _committed
-from parallel_consumer._committed import CommittedReader, ExactReaderUnavailable
+from parallel_consumer.kafka import committed_reader as _committed
+from parallel_consumer.kafka.committed_reader import CommittedReader, ExactReaderUnavailable
 
 
 @pytest.fixture

@@ -6,14 +6,14 @@ import threading
 from typing import Any
 
 from parallel_consumer import Options
-from parallel_consumer._controller import Controller
 from parallel_consumer._events import Assignment, Commit, PartitionsAssigned, PollerCommand
-from parallel_consumer.commit import ConsumerCommitter
 from parallel_consumer.context import PollContext
+from parallel_consumer.engine.controller import Controller
 from parallel_consumer.hooks import NoHooks
+from parallel_consumer.kafka.committers import ConsumerCommitter
 from parallel_consumer.status import PollerStatistics
 from parallel_consumer.testing.clock import FakeClock
-from parallel_consumer.work.commits import CommitAnswer
+from parallel_consumer.work.commit_tracker import CommitAnswer
 
 
 class StuckPoller:

@@ -10,9 +10,9 @@ from confluent_kafka import Message
 from doubles import RunTaker, stepped_controller
 
 from parallel_consumer import Options, ProcessingOrder, ProducerRecord
-from parallel_consumer._controller import Controller
-from parallel_consumer._dead_letters import DeadLetters
 from parallel_consumer._events import Release
+from parallel_consumer.engine.controller import Controller
+from parallel_consumer.engine.letters import DeadLetters
 from parallel_consumer.testing.clock import FakeClock
 
 WARM_UP = 3_000

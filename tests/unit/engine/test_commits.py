@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from parallel_consumer import CommitMode, InternalError, InvalidMetadataPolicy, Options, PollContext
-from parallel_consumer import _poller as poller_module
+from parallel_consumer.kafka import poller as poller_module
 from parallel_consumer.offsets import decode_offset_map, encode_offset_map
 
 

@@ -13,11 +13,11 @@ from doubles import IdleRunner, StuckPoller
 
 from parallel_consumer import Options, PollContext
 from parallel_consumer import dead_letter as dl
-from parallel_consumer._controller import Controller
-from parallel_consumer._dead_letters import DeadLetters
 from parallel_consumer._events import Assignment, PartitionsAssigned, RecordsPolled, WorkDone
-from parallel_consumer._producer import Outputs
-from parallel_consumer.commit import ConsumerCommitter
+from parallel_consumer.engine.controller import Controller
+from parallel_consumer.engine.letters import DeadLetters
+from parallel_consumer.kafka.committers import ConsumerCommitter
+from parallel_consumer.kafka.producer import Outputs
 from parallel_consumer.testing.clock import FakeClock
 from parallel_consumer.testing.fakes import FakeCluster
 

@@ -18,7 +18,6 @@ from confluent_kafka import KafkaError, Message
 from doubles import stepped_controller
 
 from parallel_consumer import InternalError, NoHooks, Options, PollContext, Retry
-from parallel_consumer import _poller as poller_module
 from parallel_consumer._events import (
     Commit,
     PartitionsRevoked,
@@ -26,10 +25,11 @@ from parallel_consumer._events import (
     RecordUnreadable,
     StopPoller,
 )
-from parallel_consumer._poller import Poller
+from parallel_consumer.kafka import poller as poller_module
+from parallel_consumer.kafka.poller import Poller
 from parallel_consumer.testing.clock import FakeClock
 from parallel_consumer.testing.fakes import FakeCluster
-from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
+from parallel_consumer.work.commit_tracker import CommitAnswer, OffsetCommit
 
 
 def test_held_records_stay_within_the_bound_while_records_flow(harness, cluster, wait_until):

@@ -111,8 +111,8 @@ def test_the_record_holding_a_partition_is_found_in_its_lane_or_the_retry_queue(
     from confluent_kafka import Message
 
     from parallel_consumer.options import ProcessingOrder
-    from parallel_consumer.retry import RetryQueue
     from parallel_consumer.work.item import WorkItem
+    from parallel_consumer.work.retry_queue import RetryQueue
     from parallel_consumer.work.shards import ShardMap
 
     def item(offset: int, key: bytes) -> WorkItem:

@@ -29,7 +29,7 @@ from produce_doubles import (
     released,
 )
 
-import parallel_consumer._controller as controller_module
+import parallel_consumer.engine.controller as controller_module
 from parallel_consumer import (
     CommitMode,
     DeadLetter,
@@ -48,8 +48,8 @@ from parallel_consumer._events import (
     RunDone,
     WorkDone,
 )
-from parallel_consumer._producer import Outputs
 from parallel_consumer.hooks import NoHooks
+from parallel_consumer.kafka.producer import Outputs
 from parallel_consumer.testing.clock import FakeClock
 
 # -- stepped by hand: the test plays the worker and the producer ------------------------------

@@ -13,12 +13,12 @@ import pytest
 from doubles import IdleRunner, StuckPoller, blocked_partition
 
 from parallel_consumer import DeadLetter, NoHooks, Options, PollContext, RecordContext, Retry
-from parallel_consumer._controller import Controller
-from parallel_consumer._dead_letters import DeadLetters
 from parallel_consumer._events import Assignment, PartitionsAssigned, RecordsPolled, WorkDone
-from parallel_consumer._producer import Outputs
-from parallel_consumer.commit import ConsumerCommitter
 from parallel_consumer.dead_letter import Reason, read_dead_letter
+from parallel_consumer.engine.controller import Controller
+from parallel_consumer.engine.letters import DeadLetters
+from parallel_consumer.kafka.committers import ConsumerCommitter
+from parallel_consumer.kafka.producer import Outputs
 from parallel_consumer.retry import retry_delay
 from parallel_consumer.testing.clock import FakeClock
 from parallel_consumer.testing.fakes import FakeCluster

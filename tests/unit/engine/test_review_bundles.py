@@ -12,8 +12,6 @@ from confluent_kafka import Message
 from doubles import BundleTaker, Durations, StuckPoller, stepped_controller
 
 from parallel_consumer import Options, PollContext, ProcessingOrder
-from parallel_consumer import _controller as controller_module
-from parallel_consumer._controller import Controller
 from parallel_consumer._events import (
     Assignment,
     Commit,
@@ -23,7 +21,9 @@ from parallel_consumer._events import (
     WorkDone,
     WorkDoneMany,
 )
-from parallel_consumer.commit import ConsumerCommitter
+from parallel_consumer.engine import controller as controller_module
+from parallel_consumer.engine.controller import Controller
+from parallel_consumer.kafka.committers import ConsumerCommitter
 from parallel_consumer.runners.threads import ThreadRunner
 from parallel_consumer.testing.clock import FakeClock
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from parallel_consumer import Options, PollContext, ProcessingOrder
-from parallel_consumer import _controller as controller_module
+from parallel_consumer.engine import controller as controller_module
 
 
 def _produce(cluster, start: int, n: int) -> None:
@@ -98,8 +98,8 @@ def test_a_stall_abandoned_call_of_a_detached_run_holds_one_slot():
     from confluent_kafka import Message
     from doubles import RunTaker, stepped_controller
 
-    from parallel_consumer._dead_letters import DeadLetters
     from parallel_consumer._events import RecordsPolled
+    from parallel_consumer.engine.letters import DeadLetters
     from parallel_consumer.testing.clock import FakeClock
 
     runner = RunTaker()

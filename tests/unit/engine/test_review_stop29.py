@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
 from parallel_consumer import NoHooks, Options, PollContext, ProcessingOrder
-from parallel_consumer import _poller as poller_module
+from parallel_consumer.kafka import poller as poller_module
 from parallel_consumer.offsets import decode_offset_map
 from parallel_consumer.runners.threads import ThreadRunner
 from parallel_consumer.testing.fakes import FakeConsumer

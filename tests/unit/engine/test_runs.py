@@ -16,7 +16,7 @@ import pytest
 from doubles import stepped_controller
 
 from parallel_consumer import Lifecycle, Options, PollContext, ProcessingOrder
-from parallel_consumer import _controller as controller_module
+from parallel_consumer.engine import controller as controller_module
 from parallel_consumer.testing.clock import FakeClock
 
 WARM_UP = 3_000

@@ -186,7 +186,7 @@ def test_lost_partitions_abort_the_transaction_holding_their_outputs(setup: Setu
 def test_a_revoke_that_times_out_aborts_and_a_later_assignment_is_kept(
     setup: Setup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("parallel_consumer._poller.REVOKE_TIMEOUT", 1.0)
+    monkeypatch.setattr("parallel_consumer.kafka.poller.REVOKE_TIMEOUT", 1.0)
     cluster = setup.cluster
     cluster.create_topic("t", 2)
     cluster.create_topic("out")

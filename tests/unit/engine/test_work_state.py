@@ -6,7 +6,7 @@ from confluent_kafka import Message
 
 from parallel_consumer.options import ProcessingOrder
 from parallel_consumer.work.backpressure import partition_cap, partitions_to_pause
-from parallel_consumer.work.commits import CommitAnswer, CommitTracker, OffsetCommit
+from parallel_consumer.work.commit_tracker import CommitAnswer, CommitTracker, OffsetCommit
 from parallel_consumer.work.item import WorkItem
 from parallel_consumer.work.partitions import PartitionState
 from parallel_consumer.work.shards import ShardMap, shard_key_for

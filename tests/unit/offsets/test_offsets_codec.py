@@ -560,7 +560,7 @@ def test_a_short_plain_run_length_map_is_still_chosen_when_it_reads_back_exactly
 
 def test_exact_metadata_drops_the_one_nul_confluent_kafka_stores_after_a_map() -> None:
     # confluent-kafka commits every metadata string followed by its C terminator; read with its
-    # exact length (parallel_consumer/_committed.py), the stored bytes end with that NUL
+    # exact length (parallel_consumer/kafka/committed_reader.py), the stored bytes end with that NUL
     assert decode_offset_map(100, "bAAGNgA=\x00", exact=True) == decode_offset_map(
         100, "bAAGNgA=", exact=True
     )

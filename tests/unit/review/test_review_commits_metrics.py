@@ -12,12 +12,12 @@ from typing import Any
 
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from parallel_consumer import _closing as closing_module
-from parallel_consumer import _poller as poller_module
 from parallel_consumer._events import Commit, PartitionsRevoked
-from parallel_consumer._poller import Poller
+from parallel_consumer.engine import closing as closing_module
+from parallel_consumer.kafka import poller as poller_module
+from parallel_consumer.kafka.poller import Poller
 from parallel_consumer.testing.fakes import FakeCluster
-from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
+from parallel_consumer.work.commit_tracker import CommitAnswer, OffsetCommit
 
 # -- the poller, driven by hand on the test thread ---------------------------------------------
 

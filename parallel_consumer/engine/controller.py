@@ -2,9 +2,10 @@
 
 It owns the work state and is the only thread that changes it, one event at a time, through
 parts that each own one kind of state: the partitions (``work/partitions.py``), the shards
-(``work/shards.py``), the retry queue (``retry.py``), the in-flight table
-(``work/inflight.py``), the commit tracker (``work/commits.py``) and the counters. What happens
-to a finished record is decided by ``work/outcomes.decide``; the controller carries it out.
+(``work/shards.py``), the retry queue (``work/retry_queue.py``), the in-flight table
+(``work/inflight.py``), the commit tracker (``work/commit_tracker.py``) and the counters.
+What happens to a finished record is decided by ``work/outcomes.decide``; the controller
+carries it out.
 Other threads only post events (:meth:`Controller.post`); the controller answers through
 futures and by sending commands to the poller, commits to the committer and batches to the
 runner.
@@ -24,8 +25,6 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 from parallel_consumer._clock import Clock
-from parallel_consumer._closing import STOP_TIMEOUT, Closing, Step
-from parallel_consumer._dead_letters import DeadLetters, Letter
 from parallel_consumer._events import (
     CommitResult,
     Control,
@@ -48,10 +47,10 @@ from parallel_consumer._events import (
     WorkDone,
     WorkDoneMany,
 )
-from parallel_consumer._producer import Outputs
-from parallel_consumer.commit import Committer
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.dead_letter import Reason
+from parallel_consumer.engine.closing import STOP_TIMEOUT, Closing, Step
+from parallel_consumer.engine.letters import DeadLetters, Letter
 from parallel_consumer.errors import (
     DeadLetter,
     DeadlineExceeded,
@@ -68,6 +67,8 @@ from parallel_consumer.health import (
     stalled_error,
 )
 from parallel_consumer.hooks import CallSampling, Hooks, NoHooks, StallReport, active_hooks
+from parallel_consumer.kafka.committers import Committer
+from parallel_consumer.kafka.producer import Outputs
 from parallel_consumer.options import (
     InvalidMetadataPolicy,
     Options,
@@ -75,12 +76,11 @@ from parallel_consumer.options import (
     StallPolicy,
 )
 from parallel_consumer.produce import ProduceError, ProduceResult, ProducerRecord, outputs_of
-from parallel_consumer.retry import RetryQueue
 from parallel_consumer.runners.base import CallCancelled, Handler, Runner
 from parallel_consumer.status import Lifecycle, PollerStatistics, Statistics, assemble_statistics
 from parallel_consumer.work.backpressure import Pauses
 from parallel_consumer.work.chains import Bundles, Chains
-from parallel_consumer.work.commits import CommitAnswer, CommitTracker, OffsetCommit
+from parallel_consumer.work.commit_tracker import CommitAnswer, CommitTracker, OffsetCommit
 from parallel_consumer.work.counters import Counters
 from parallel_consumer.work.credit import credit_chunk
 from parallel_consumer.work.deadlines import Deadlines
@@ -97,6 +97,7 @@ from parallel_consumer.work.outcomes import (
 from parallel_consumer.work.outputs import Pending, PendingOutputs, RunOutputs, TransactionGate
 from parallel_consumer.work.partitions import PartitionState, RecordTotals, restored_state
 from parallel_consumer.work.progress import ProgressWatch, Stall
+from parallel_consumer.work.retry_queue import RetryQueue
 from parallel_consumer.work.runs import Run, Runs
 from parallel_consumer.work.service import MIN_SERVICE, ServiceTime
 from parallel_consumer.work.shards import ShardMap

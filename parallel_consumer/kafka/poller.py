@@ -38,7 +38,6 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from parallel_consumer._committed import CommittedReader
 from parallel_consumer._events import (
     Assignment,
     Commit,
@@ -56,11 +55,12 @@ from parallel_consumer._events import (
     StopPoller,
     Transact,
 )
-from parallel_consumer._producer import Outputs, TransactionOutcome
 from parallel_consumer.errors import InternalError
+from parallel_consumer.kafka.committed_reader import CommittedReader
+from parallel_consumer.kafka.producer import Outputs, TransactionOutcome
 from parallel_consumer.offsets import read_committed_metadata
 from parallel_consumer.status import PollerStatistics
-from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
+from parallel_consumer.work.commit_tracker import CommitAnswer, OffsetCommit
 from parallel_consumer.work.credit import Credit
 from parallel_consumer.work.item import TopicPartition
 
@@ -129,8 +129,8 @@ class Poller:
         # Built on the caller's thread so that configuration errors surface at construction;
         # from start() on only the poller thread touches it.
         self._consumer = consumer_factory({**config, "on_commit": self._on_commit})
-        #: Reads committed metadata with its exact length (``_committed.py``), through a handle
-        #: of its own made from the same configuration: only for a real client.
+        #: Reads committed metadata with its exact length (``kafka/committed_reader.py``),
+        #: through a handle of its own made from the same configuration: only for a real client.
         self._exact_reader = (
             CommittedReader(config, name=name) if isinstance(self._consumer, Consumer) else None
         )

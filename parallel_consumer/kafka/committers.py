@@ -16,7 +16,7 @@ from typing import Protocol
 
 from parallel_consumer._events import Commit, PollerCommand, Transact
 from parallel_consumer.options import CommitMode
-from parallel_consumer.work.commits import CommitAnswer, OffsetCommit
+from parallel_consumer.work.commit_tracker import CommitAnswer, OffsetCommit
 
 __all__ = ["Committer", "ConsumerCommitter", "TransactionalCommitter"]
 

@@ -2,7 +2,7 @@
 
 Owned by the controller thread (:class:`DeadLetters`). A dead letter travels the same path as
 a ``poll_and_produce`` output (``Controller._send_outputs`` -> the library's producer,
-:class:`~parallel_consumer._producer.Outputs` -> ``OutputsDelivered``), as a one-record call
+:class:`~parallel_consumer.kafka.producer.Outputs` -> ``OutputsDelivered``), as a one-record call
 with a negative batch id, so that in the transactional mode it goes into the open transaction
 with the offsets (the :class:`~parallel_consumer.work.outputs.TransactionGate` holds it back
 while a transaction commits) and the record's offset is only marked done once the broker
