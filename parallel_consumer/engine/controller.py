@@ -50,14 +50,12 @@ from parallel_consumer._events import (
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.dead_letter import Reason
 from parallel_consumer.engine.closing import STOP_TIMEOUT, Closing, Step
+from parallel_consumer.engine.ledger import Ledger, context_of
 from parallel_consumer.engine.letters import DeadLetters, Letter
 from parallel_consumer.errors import (
-    DeadLetter,
     DeadlineExceeded,
     InternalError,
     RetriesExhausted,
-    Retry,
-    Skip,
 )
 from parallel_consumer.health import (
     HealthReport,
@@ -70,7 +68,6 @@ from parallel_consumer.hooks import CallSampling, Hooks, NoHooks, StallReport, a
 from parallel_consumer.kafka.committers import Committer
 from parallel_consumer.kafka.producer import Outputs
 from parallel_consumer.options import (
-    InvalidMetadataPolicy,
     Options,
     ProcessingOrder,
     StallPolicy,
@@ -80,35 +77,22 @@ from parallel_consumer.runners.base import CallCancelled, Handler, Runner
 from parallel_consumer.status import Lifecycle, PollerStatistics, Statistics, assemble_statistics
 from parallel_consumer.work.backpressure import Pauses
 from parallel_consumer.work.chains import Bundles, Chains
-from parallel_consumer.work.commit_tracker import CommitAnswer, CommitTracker, OffsetCommit
-from parallel_consumer.work.counters import Counters
-from parallel_consumer.work.credit import credit_chunk
+from parallel_consumer.work.commit_tracker import CommitAnswer, OffsetCommit
 from parallel_consumer.work.deadlines import Deadlines
-from parallel_consumer.work.inflight import Batch, InFlight
+from parallel_consumer.work.inflight import Batch
 from parallel_consumer.work.item import TopicPartition, WorkItem
-from parallel_consumer.work.outcomes import (
-    DeadLetterNow,
-    Decision,
-    RetryAt,
-    SkipNow,
-    StopNow,
-    decide,
-)
+from parallel_consumer.work.lanes import key_lanes
 from parallel_consumer.work.outputs import Pending, PendingOutputs, RunOutputs, TransactionGate
-from parallel_consumer.work.partitions import PartitionState, RecordTotals, restored_state
-from parallel_consumer.work.progress import ProgressWatch, Stall
-from parallel_consumer.work.retry_queue import RetryQueue
+from parallel_consumer.work.partitions import PartitionState
+from parallel_consumer.work.progress import Stall
 from parallel_consumer.work.runs import Run, Runs
 from parallel_consumer.work.service import MIN_SERVICE, ServiceTime
-from parallel_consumer.work.shards import ShardMap
 from parallel_consumer.work.stall import StallWatch
 
 __all__ = ["Controller"]
 
 log = logging.getLogger("parallel_consumer")
 
-#: A record's failed attempts are logged at INFO, and at WARNING from this attempt on.
-WARN_FROM_ATTEMPT = 3
 #: Roughly what handing one call to a worker thread and its result back costs (seconds): two
 #: queue hand-overs and two thread wake-ups. Calls much shorter than this go out in chunks.
 THREAD_HOP = 60e-6
@@ -123,9 +107,6 @@ ADAPTIVE_DISPATCH = True
 STUCK_AFTER = 0.02
 #: How often the controller looks for stuck chunks while any is running (real seconds).
 STUCK_CHECK_EVERY = 0.01
-#: An engine that finished everything it polled commits at once, if the last commit is this
-#: fraction of commit_interval old (docs/commits.md#when).
-IDLE_COMMIT_AFTER = 0.1
 #: Runs (docs/performance.md#runs): a partition's records go to one worker as a run, in offset
 #: order, while calls are this many times shorter than a thread hop (chunk_size >= this: calls
 #: of 30 µs at most, where a run is faster than per-record dispatch even with few partitions).
@@ -211,9 +192,9 @@ class Controller:
         #: Metrics' sample of calls (see CallSampling), and when the next periodic one is due.
         self._sampling = sampling
         self._next_sample = 0.0
-        #: Per partition since the start, across assignments: records processed, attempts
-        #: failed (Statistics.partition_totals; metrics read them instead of a hook per call).
-        self._totals: dict[TopicPartition, RecordTotals] = {}
+        #: The state of every record the engine holds (engine/ledger.py).
+        self.ledger = Ledger(options, clock, self._hooks)
+        self.ledger.on_success = self._on_success
         #: Time per call as the runners report it. Its windows are real time (they are about
         #: threads and pauses, not the engine's clock); tests may replace _service_clock.
         self._service_time = ServiceTime(STUCK_CHECK_EVERY)
@@ -243,8 +224,6 @@ class Controller:
         self._bundles_on = False
         self._bundle_most = BUNDLE_MOST
         self._bundle_ready = BUNDLE_READY
-        #: on_stall=DEAD_LETTER: records whose young call was given its chance once already.
-        self._stall_chances: set[tuple[TopicPartition, int]] = set()
         self._inbox: queue.SimpleQueue[ControllerEvent] = queue.SimpleQueue()
         self._thread = threading.Thread(
             target=self._run, name=f"{name or options.name}-controller", daemon=True
@@ -254,16 +233,6 @@ class Controller:
         #: Resolved when the controller has stopped: with None, or with the failure.
         self.stopped: Future[None] = Future()
         self._failure: BaseException | None = None
-        # -- work state (controller thread only) --
-        self._partitions: dict[TopicPartition, PartitionState] = {}
-        self._shards = ShardMap(options.ordering)
-        self._retries = RetryQueue()
-        self._in_flight = InFlight()
-        self._commits = CommitTracker(options.max_metadata_bytes)
-        self._counters = Counters()
-        #: Credit not yet returned to the poller (records that left the engine).
-        self._to_release = 0
-        self._credit_chunk = credit_chunk(options.buffer_limit, options.fetch_batch_size)
         self._pauses = Pauses(
             options.buffer_limit,
             options.fetch_batch_size,
@@ -273,15 +242,9 @@ class Controller:
         #: Deadlines of calls in flight, and calls still running past theirs (docs/deadlines.md).
         self._deadlines = Deadlines()
         self._timeout = options.processing_timeout
-        #: Per-partition progress, for stall detection and health() (docs/health.md).
-        self._progress = ProgressWatch(options.stall_threshold)
         #: When to observe every partition's progress next (None: nothing to watch).
         self._progress_at: float | None = 0.0
-        #: Partitions whose lowest unfinished offset may have changed: observed this turn, so
-        #: stall clocks start when it happens, not at the next full pass.
-        self._progress_moved: set[TopicPartition] = set()
         self._progress_every = min(1.0, (options.stall_threshold or 10.0) / 10)
-        self._next_commit = 0.0
         self._close: Closing | None = None
         # -- poll_and_produce (None / unused for poll) --
         self._outputs: Outputs | None = None
@@ -294,10 +257,6 @@ class Controller:
         #: Revokes waiting for the transaction that commits their partitions (transactional),
         #: with the epoch of each partition when the revoke came.
         self._revokes: list[tuple[PartitionsRevoked, dict[TopicPartition, int]]] = []
-        #: Transactional mode: the failures of records not yet finished, by (tp, offset). An
-        #: aborted transaction rewinds their partitions; the records come again and keep
-        #: their attempts (a failed output aborts the transaction it was sent in).
-        self._history: dict[tuple[TopicPartition, int], tuple[int, BaseException, Any, Any]] = {}
         #: Dead letters being written or waiting to be written again (None: dead-lettering off).
         self._letters: DeadLetters | None = None
 
@@ -333,6 +292,7 @@ class Controller:
         self._on_produced = on_produced
         if outputs is not None and outputs.transactional:
             self._gate = TransactionGate()
+            self.ledger.keep_history = True
         # Adaptive dispatch needs a runner that runs chunks; with deadlines every call goes
         # alone (a deadline measures the call, not a wait behind other calls of a chunk). It is
         # off (ADAPTIVE_DISPATCH) until a hung call can no longer strand the rest of its chunk.
@@ -388,7 +348,7 @@ class Controller:
         self._bundles_on = BUNDLES and self._chunks and self._bundle_most > 1
         self._runner.start(handler, self.post)
         self.lifecycle = Lifecycle.RUNNING
-        self._next_commit = self._clock.monotonic() + self._options.commit_every
+        self.ledger.commits.schedule(self._clock.monotonic())
         if thread:
             self._thread.start()
 
@@ -446,36 +406,41 @@ class Controller:
             )
         except queue.Empty:
             event = None
+        ledger = self.ledger
         while event is not None:
             self._handle(event)
+            if ledger.letters_due:
+                self._write_due_letters()
             try:
                 event = inbox.get_nowait()
             except queue.Empty:
                 event = None
         now = clock.monotonic()
-        if self._retries:
+        if self.ledger.retries:
             self._release_due_retries(now)
-        for tp in self._commits.take_to_unpark():
-            self._shards.unpark(tp)
+        for tp in self.ledger.commits.take_to_unpark():
+            self.ledger.shards.unpark(tp)
         due = self._deadlines.next_at()
         if due is not None and now >= due:
             self._expire_calls(now)
         if self._chunks:
             self._release_stuck_chunks()
+        if ledger.letters_due:
+            self._write_due_letters()
         self._dispatch(now)
-        if now >= self._next_commit:
+        if now >= self.ledger.commits.next_at:
             if self._gate is None:
-                self._send_commits(self._commits.due(self._partitions.values(), now))
-            elif self._gate.outputs or any(s.dirty for s in self._partitions.values()):
+                self._send_commits(self.ledger.commits.due(self.ledger.partitions.values(), now))
+            elif self._gate.outputs or any(s.dirty for s in self.ledger.partitions.values()):
                 self._gate.wanted = True
-            self._next_commit = now + self._options.commit_every
-        elif self._gate is None and now >= self._idle_commit_at() and self._drained():
+            self.ledger.commits.schedule(now)
+        elif self._gate is None and now >= self.ledger.commits.idle_at() and self._drained():
             # Everything polled is finished: commit it now, not up to commit_interval later
             # (at most every tenth of commit_interval).
-            commits = self._commits.due(self._partitions.values(), now)
+            commits = self.ledger.commits.due(self.ledger.partitions.values(), now)
             if commits:
                 self._send_commits(commits)
-                self._next_commit = now + self._options.commit_every
+                self.ledger.commits.schedule(now)
         outputs = self._outputs
         if outputs is not None and outputs.backlog:
             outputs.pump()
@@ -483,16 +448,17 @@ class Controller:
             self._advance_transaction(now)
         if self._pauses.due(now, self._starving):
             self._update_pauses(now)
-        release = self._to_release
-        if release and (release >= self._credit_chunk or self._shards.waiting < self._credit_chunk):
+        release = self.ledger.credit_due()
+        if release:
             self._poller.send(Release(release))
-            self._to_release = 0
         self._watch_for_stall(now)
         if self._progress_at is not None and now >= self._progress_at:
             self._watch_partitions(now)
-        elif self._progress_moved:
-            self._watch_partitions(now, self._progress_moved)
-        self._progress_moved.clear()
+        elif self.ledger.moved:
+            self._watch_partitions(now, self.ledger.moved)
+        self.ledger.moved.clear()
+        if ledger.letters_due:
+            self._write_due_letters()
         return self._close is not None and self._close_step(now)
 
     def _assert_owner(self) -> None:
@@ -503,31 +469,26 @@ class Controller:
                 f"{threading.current_thread().name} must post events instead"
             )
 
-    def _idle_commit_at(self) -> float:
-        """When an engine that finished everything may commit, ahead of ``_next_commit``."""
-        every = self._options.commit_every
-        return self._next_commit - every + every * IDLE_COMMIT_AFTER
-
     def _drained(self) -> bool:
         """Nothing polled is waiting, running, waiting for a retry or for its outputs."""
         return not (
-            self._shards.waiting
-            or self._in_flight
+            self.ledger.shards.waiting
+            or self.ledger.in_flight
             or self._runs
-            or self._retries
+            or self.ledger.retries
             or self._pending
             or (self._letters is not None and len(self._letters) > 0)
         )
 
     def _next_deadline(self, now: float) -> float:
-        deadline = self._next_commit
+        deadline = self.ledger.commits.next_at
         if self._gate is None and self._drained():
-            idle_at = self._idle_commit_at()
+            idle_at = self.ledger.commits.idle_at()
             # (Only ahead of now: a turn at or after idle_at has sent what it could; a commit
             # still awaiting its answer must not make the loop spin until the answer comes.)
-            if now < idle_at < deadline and any(s.dirty for s in self._partitions.values()):
+            if now < idle_at < deadline and any(s.dirty for s in self.ledger.partitions.values()):
                 deadline = idle_at
-        due = self._retries.next_due()
+        due = self.ledger.retries.next_due()
         if due is not None and due < deadline:
             deadline = due
         for wake in (
@@ -545,7 +506,7 @@ class Controller:
         if self._chunks_out:
             # Chunks were handed out and calls are in flight: look for stuck ones regularly
             # (a chunk reports only when it ends, so no event may come meanwhile).
-            if self._in_flight or self._runs:
+            if self.ledger.in_flight or self._runs:
                 deadline = min(deadline, now + STUCK_CHECK_EVERY)
             else:
                 self._chunks_out = False
@@ -568,7 +529,7 @@ class Controller:
                 # there, not at the bundle's hand-out.
                 self._bundles.over(event.batch)
                 if event.took:
-                    self._in_flight.began(event.batch, event.finished_at - event.took)
+                    self.ledger.in_flight.began(event.batch, event.finished_at - event.took)
             self._work_done(
                 event.batch, event.errors, event.value, event.finished_at, event.partial
             )
@@ -592,7 +553,7 @@ class Controller:
         elif isinstance(event, PartitionsLost):
             for tp in event.tps:
                 self._forget(tp)
-            self._forget_history(event.tps)
+            self.ledger.forget_history(event.tps)
             if self._gate is not None and (self._gate.outputs or self._pending):
                 # Their outputs may be in the open transaction; their offsets can no longer
                 # commit with them. Abort it: the partitions kept start again from their
@@ -600,10 +561,7 @@ class Controller:
                 self._gate.abort_soon()
             self._hooks.on_rebalance("lost", event.tps)
         elif isinstance(event, PositionsReached):
-            for tp, epoch, offset in event.positions:
-                state = self._partitions.get(tp)
-                if state is not None and state.epoch == epoch:
-                    state.read_to(offset)
+            self.ledger.positions(event)
         elif isinstance(event, Control):
             self._on_control(event)
         elif isinstance(event, RecordUnreadable):
@@ -620,35 +578,16 @@ class Controller:
     # -- records in, partitions in and out ------------------------------------------------------
 
     def _on_records(self, event: RecordsPolled) -> None:
-        key_order = self._options.ordering is ProcessingOrder.KEY
-        shards = self._shards
-        counters = self._counters
+        ledger = self.ledger
+        if not self._runs_on:
+            ledger.on_records(event)
+            return
         for tp, (epoch, messages) in event.batches.items():
-            state = self._partitions.get(tp)
-            if state is None or state.epoch != epoch:
-                self._to_release += len(messages)
-                continue
-            fresh = state.accept(messages)
-            skipped = len(messages) - len(fresh)
-            if skipped:
-                counters.skipped += skipped
-                self._to_release += skipped
-            track = self._progress.track(tp)
-            if fresh and (track is None or track.lowest is None):
-                self._progress_moved.add(tp)
-            if self._runs_on and fresh:
+            fresh = ledger.accept(tp, epoch, messages)
+            if fresh:
                 fresh = self._to_runs(tp, epoch, fresh)
-                if not fresh:
-                    continue
-            if key_order:  # shard_key_for's rule, inline: one call less per record
-                topic, partition = tp
-                items = [WorkItem(m, tp, (topic, partition, m.key()), epoch) for m in fresh]
-            else:
-                items = [WorkItem(m, tp, tp, epoch) for m in fresh]
-            if self._history:
-                self._recall_failures(tp, items)
-            shards.add(tp, items)
-            counters.registered += len(fresh)
+            if fresh:
+                ledger.add(tp, epoch, fresh)
 
     def _to_runs(self, tp: TopicPartition, epoch: int, fresh: list[Any]) -> list[Any]:
         """Queue for runs what of ``fresh`` may go to them; return the records for the lanes.
@@ -659,13 +598,13 @@ class Controller:
         after calls turned long: the queue goes to the lanes as a whole when it is next due
         (:meth:`_start_runs`)."""
         runs = self._runs
-        shards = self._shards
+        shards = self.ledger.shards
         if not runs.busy(tp) and (
             self.chunk_size < RUN_FROM_CHUNK
-            or tp in self._commits.blocked
+            or tp in self.ledger.commits.blocked
             # (transactional: records that failed before an abort keep their attempts in the
             # lanes, see _recall_failures; runs start again once commits passed them)
-            or (self._history and any(k[0] == tp for k in self._history))
+            or (self.ledger.history and any(k[0] == tp for k in self.ledger.history))
         ):
             return fresh
         if shards.stale_held_in(tp) and not runs.busy(tp):
@@ -686,12 +625,10 @@ class Controller:
         else:
             # A key whose lane only has records waiting joins the runs with them (they come
             # first): otherwise, under a steady flow, lanes would keep their keys for good.
-            topic, partition = tp
             has_lane = shards.has_lane
             take_idle = shards.take_idle
             to_run, to_lanes = list[Any](), list[Any]()
-            for message in fresh:
-                key = (topic, partition, message.key())
+            for message, key in zip(fresh, key_lanes(tp, fresh), strict=True):
                 if has_lane(key):
                     idle = take_idle(key)
                     if idle is None:
@@ -703,7 +640,7 @@ class Controller:
         if to_run:
             runs.queue(tp, epoch, to_run)
             shards.count_waiting(tp, len(to_run))
-            self._counters.registered += len(to_run) - len(taken)
+            self.ledger.counters.registered += len(to_run) - len(taken)
         return to_lanes
 
     def _runs_to_lanes(
@@ -712,22 +649,17 @@ class Controller:
         """Put ``messages`` (records of a run that left it, in offset order), then the records
         queued for runs of ``tp``, into their lanes. ``counted``: ``messages`` count as waiting
         already."""
-        state = self._partitions[tp]
+        state = self.ledger.partitions[tp]
         epoch = state.epoch
         queued = self._runs.take_queued(tp)
         rest = list(messages)
         if counted and rest:
-            self._shards.count_waiting(tp, -len(rest))
+            self.ledger.shards.count_waiting(tp, -len(rest))
         if queued is not None:
-            self._shards.count_waiting(tp, -len(queued[1]))
+            self.ledger.shards.count_waiting(tp, -len(queued[1]))
             rest.extend(queued[1])
         if rest:
-            self._shards.add(tp, [self._item_of(tp, epoch, m) for m in rest])
-
-    def _item_of(self, tp: TopicPartition, epoch: int, message: Any) -> WorkItem:
-        if self._options.ordering is ProcessingOrder.KEY:
-            return WorkItem(message, tp, (tp[0], tp[1], message.key()), epoch)
-        return WorkItem(message, tp, tp, epoch)
+            self.ledger.shards.add(tp, [self.ledger.item_of(tp, epoch, m) for m in rest])
 
     def _start_runs(self) -> int:
         """Hand out a run for each partition with records queued and none out, as far as
@@ -736,7 +668,7 @@ class Controller:
         queued = runs.queued
         limit = self._call_limit()
         short = self.chunk_size >= RUN_FROM_CHUNK
-        blocked = self._commits.blocked
+        blocked = self.ledger.commits.blocked
         service = self._service_time.value or THREAD_HOP
         longest = max(MAX_CHUNK, int(STUCK_AFTER / 4 / service))
         sampling = self._sampling
@@ -748,7 +680,7 @@ class Controller:
             if not short or tp in blocked:
                 self._runs_to_lanes(tp)
                 continue
-            if len(self._in_flight) + self._workers_in_runs() >= limit:
+            if len(self.ledger.in_flight) + self._workers_in_runs() >= limit:
                 break
             epoch, waiting = queued[tp]
             most = self._distinct_keys(tp, waiting, longest) if distinct else longest
@@ -763,8 +695,8 @@ class Controller:
             run = runs.start(tp, epoch, messages, timed=timed)
             if self._produce_runs:
                 run.outputs = []
-            self._counters.runs += 1
-            self._shards.count_waiting(tp, -len(messages))
+            self.ledger.counters.runs += 1
+            self.ledger.shards.count_waiting(tp, -len(messages))
             self._runner.submit_run(run)  # type: ignore[attr-defined]
             self._chunks_out = True
         return self._workers_in_runs()
@@ -774,15 +706,13 @@ class Controller:
         KEY order: up to the first whose key has outputs on their way (held, see RunOutputs)
         or appears before it in the run. A run's records then produce for distinct keys, so
         a failed output retries its record before any later record of its key runs."""
-        topic, partition = tp
-        is_held = self._shards.is_held
-        seen: set[bytes | None] = set()
+        is_held = self.ledger.shards.is_held
+        seen: set[object] = set()
         add = seen.add
-        for index, message in enumerate(itertools.islice(messages, most)):
-            key = message.key()
-            if key in seen or is_held((topic, partition, key)):
+        for index, lane in enumerate(key_lanes(tp, list(itertools.islice(messages, most)))):
+            if lane in seen or is_held(lane):
                 return index
-            add(key)
+            add(lane)
         return min(most, len(messages))
 
     def _workers_in_runs(self) -> int:
@@ -792,7 +722,7 @@ class Controller:
         out = len(self._runs.out)
         if self._adopted:
             # (an adopted call abandoned by the stall policy counts as an overrun instead)
-            in_flight = self._in_flight
+            in_flight = self.ledger.in_flight
             overrun = self._deadlines.is_overrun
             out -= sum(1 for b in self._adopted if b in in_flight or overrun(b))
         return out
@@ -825,10 +755,10 @@ class Controller:
         if run.detached:
             return
         tp = run.tp
-        state = self._partitions.get(tp)
+        state = self.ledger.partitions.get(tp)
         if state is None or state.epoch != run.epoch:  # pragma: no cover - forget detaches
-            self._counters.stale += len(run) - run.settled
-            self._to_release += len(run) - run.settled
+            self.ledger.counters.stale += len(run) - run.settled
+            self.ledger.to_release += len(run) - run.settled
             return
         if event.samples and self._sampling is not None:
             self._sample_run(self._sampling, run, event)
@@ -844,18 +774,18 @@ class Controller:
         if error is None:
             self._runs_to_lanes(tp, rest)
             return
-        item = self._item_of(tp, run.epoch, rest[0])
-        self._shards.adopt(item)
+        item = self.ledger.item_of(tp, run.epoch, rest[0])
+        self.ledger.shards.adopt(item)
         self._runs_to_lanes(tp, rest[1:])
         if run.outputs is not None and len(run.outputs) > ok:
             # The call failed its record with PollContext.fail and returned outputs: they are
             # produced, and the failure applies once they are acknowledged, as for any call.
-            batch = self._in_flight.add((item,), self._clock.monotonic())
+            batch = self.ledger.in_flight.add((item,), self._clock.monotonic())
             self._work_done(
                 batch.id, (error,), run.outputs[ok], event.finished_at, True, sample=False
             )
             return
-        self._failed(item, error, event.finished_at)
+        self.ledger.failed(item, error, event.finished_at)
 
     def _settle_run(self, run: Run, state: PartitionState, upto: int) -> None:
         """The calls of ``run`` from its last settled one up to ``upto`` succeeded: their
@@ -866,29 +796,9 @@ class Controller:
             return
         run.settled = upto
         if run.outputs is None:
-            self._settle_messages(state, run.messages[first:upto])
+            self.ledger.settle_messages(state, run.messages[first:upto])
         else:
             self._run_outputs(run, state, first, upto)
-
-    def _settle_messages(self, state: PartitionState, messages: list[Any]) -> None:
-        """Records of ``state``'s partition succeeded, as a stretch (of a run)."""
-        count = len(messages)
-        offsets = [m.offset() for m in messages]
-        highest = max(offsets)  # (a run is in offset order per lane, not across lanes)
-        state.succeeded_many(offsets, highest)
-        state.totals.succeeded += count
-        self._counters.succeeded += count
-        self._to_release += count
-        tp = state.tp
-        track = self._progress.track(tp)
-        if track is not None and track.lowest is not None and track.lowest <= highest:
-            self._progress_moved.add(tp)
-        if self._stall_chances:
-            for offset in offsets:
-                self._stall_chances.discard((tp, offset))
-        blocked = self._commits.blocked
-        if blocked and tp in blocked:
-            self._commits.after_success(state)
 
     def _sample_run(self, sampling: CallSampling, run: Run, event: RunDone) -> None:
         """The calls of a run its worker timed, for metrics (see :meth:`_sample`)."""
@@ -910,30 +820,30 @@ class Controller:
         ``drop``, stay for the partition's next owner: a close without drain). The call in
         progress becomes a single call of the in-flight table; finished records are settled."""
         detached = self._runs.detach(run)
-        state = self._partitions.get(run.tp)
+        state = self.ledger.partitions.get(run.tp)
         if state is None or state.epoch != run.epoch:  # pragma: no cover - forget detaches
             return
         self._settle_run(run, state, detached.finished.stop)
         if detached.running is not None:
             self._adopt(run, detached.running, lane=True)
         if drop:
-            self._to_release += len(detached.drained)
+            self.ledger.to_release += len(detached.drained)
         else:
             self._runs_to_lanes(run.tp, detached.drained)
 
     def _adopt(self, run: Run, index: int, *, lane: bool) -> WorkItem:
         """The call of ``run``'s record ``index`` is in progress while the run is detached:
         make it a single call of the in-flight table (its lane busy, with ``lane``)."""
-        item = self._item_of(run.tp, run.epoch, run.messages[index])
+        item = self.ledger.item_of(run.tp, run.epoch, run.messages[index])
         if lane:
-            self._shards.adopt(item)
+            self.ledger.shards.adopt(item)
         else:
             item.in_flight = True
         now = self._clock.monotonic()
         if run.timed is not None and run.call_started:
             # (metrics measure the call from its start, not from now)
             now -= max(0.0, time.perf_counter() - run.call_started)
-        batch = self._in_flight.add((item,), now)
+        batch = self.ledger.in_flight.add((item,), now)
         run.adopted = (index, batch.id)
         self._adopted[batch.id] = run
         return item
@@ -974,29 +884,13 @@ class Controller:
             if real_now - run.slow_since < STUCK_CHECK_EVERY / 2:
                 continue  # (the same look, or one right after it)
             log.debug("%r detached: its calls are no longer short", run)
-            self._counters.runs_detached += 1
+            self.ledger.counters.runs_detached += 1
             self._detach_run(run, drop=False)
 
-    def _recall_failures(self, tp: TopicPartition, items: list[WorkItem]) -> None:
-        history = self._history
-        for item in items:
-            past = history.get((tp, item.offset))
-            if past is not None:
-                item.attempts, item.last_failure, item.last_failure_at, item.first_failure_at = past
-
     def _on_assigned(self, event: PartitionsAssigned) -> None:
-        fail = self._options.invalid_metadata_policy is InvalidMetadataPolicy.FAIL
         for a in event.assignments:
             self._forget(a.tp)
-            state = self._partitions[a.tp] = restored_state(
-                a.tp,
-                a.epoch,
-                a.committed_offset,
-                a.metadata,
-                fail_on_invalid=fail,
-                exact=a.exact_metadata,
-            )
-            state.totals = self._totals.setdefault(a.tp, state.totals)
+        self.ledger.assign(event)
         self._hooks.on_rebalance("assigned", [a.tp for a in event.assignments])
 
     def _on_revoked(self, event: PartitionsRevoked) -> None:
@@ -1008,7 +902,7 @@ class Controller:
         that holds their outputs, so the revoke waits for that transaction's commit (sent once
         every output sent so far was acknowledged, see _advance_transaction)."""
         if self._gate is not None:
-            partitions = self._partitions
+            partitions = self.ledger.partitions
             epochs = {tp: partitions[tp].epoch for tp in event.tps if tp in partitions}
             self._revokes.append((event, epochs))
             self._gate.wanted = True
@@ -1016,7 +910,7 @@ class Controller:
         now = self._clock.monotonic()
         final = []
         for tp in event.tps:
-            state = self._partitions.get(tp)
+            state = self.ledger.partitions.get(tp)
             if state is not None:
                 run = self._runs.active.get(tp)
                 if run is not None and run.epoch == state.epoch and run.outputs is None:
@@ -1031,7 +925,7 @@ class Controller:
                 # And for the calls of its bundles that finished and wait for the rest of
                 # their bundle (the results of other partitions' calls go with them).
                 self._settle_bundled(tp)
-                commit = self._commits.final_for(state, now)
+                commit = self.ledger.commits.final_for(state, now)
                 if commit is not None:
                     final.append(commit)
             self._forget(tp)
@@ -1040,16 +934,11 @@ class Controller:
         event.reply.set_result(None)
         self._hooks.on_rebalance("revoked", event.tps)
 
-    def _forget_history(self, tps: Sequence[TopicPartition]) -> None:
-        if self._history:
-            gone = set(tps)
-            self._history = {k: v for k, v in self._history.items() if k[0] not in gone}
-
     def _forget(self, tp: TopicPartition) -> None:
-        if tp in self._partitions:
+        if tp in self.ledger.partitions:
             # (its chains' calls not started never start: the partition is no longer ours)
             self._recall_chains(tp)
-        state = self._partitions.pop(tp, None)
+        state = self.ledger.partitions.pop(tp, None)
         if state is None:
             return
         run = self._runs.active.get(tp)
@@ -1059,27 +948,16 @@ class Controller:
             # of the partition.
             detached = self._runs.detach(run)
             run.settled = detached.finished.stop
-            self._counters.stale += len(detached.finished)
-            self._to_release += len(detached.finished) + len(detached.drained)
+            self.ledger.counters.stale += len(detached.finished)
+            self.ledger.to_release += len(detached.finished) + len(detached.drained)
             if detached.running is not None:
                 self._adopt(run, detached.running, lane=False)
-        self._to_release += self._shards.remove_partition(tp)
-        queued = self._runs.take_queued(tp)  # (remove_partition dropped their waiting count)
+        queued = self._runs.take_queued(tp)
         if queued is not None:
-            self._to_release += len(queued[1])
-        self._to_release += self._retries.forget(tp)
+            self.ledger.to_release += len(queued[1])
         if self._letters is not None:
             self._letters.forget(tp)
-        self._commits.forget(tp)
-        self._progress.forget(tp)
-        # Its records in flight (or whose outputs are on their way) come back as stale results
-        # and return their credit then; until they do, their lanes stay busy for the
-        # partition's next assignment. (Those of still earlier assignments are held already.)
-        batches = [*self._in_flight, *(p.batch for p in self._pending)]
-        for batch in batches:
-            for item in batch.items:
-                if item.tp == tp and item.epoch == state.epoch:
-                    self._shards.hold_for_stale(item)
+        self.ledger.forget(tp, state, [p.batch for p in self._pending])
 
     # -- dispatch and results -------------------------------------------------------------------
 
@@ -1087,9 +965,9 @@ class Controller:
         if self.lifecycle is not Lifecycle.RUNNING and self.lifecycle is not Lifecycle.DRAINING:
             return
         runs_out = self._start_runs() if self._runs.queued else self._workers_in_runs()
-        take = self._shards.take
-        blocked = self._commits.blocked
-        in_flight = self._in_flight
+        take = self.ledger.shards.take
+        blocked = self.ledger.commits.blocked
+        in_flight = self.ledger.in_flight
         chunk = self.chunk_size
         limit = self._call_limit() - runs_out
         capacity = limit * chunk + self._chains.extra + self._bundles.extra
@@ -1107,12 +985,12 @@ class Controller:
             service = self._service_time.value
             if service:
                 chain = max(1, min(self._chain_most, int(CHAIN_SECONDS / service)))
-                if chain > 1 and len(self._shards) <= LONGEST_FIRST_LANES * capacity:
+                if chain > 1 and len(self.ledger.shards) <= LONGEST_FIRST_LANES * capacity:
                     # Calls of milliseconds over few lanes for the workers, where the longest
                     # lane sets the end of a burst: serve the longest lanes first.
-                    take = self._shards.take_longest
+                    take = self.ledger.shards.take_longest
                     backlog = self._runner.backlog
-                    if len(self._shards) <= limit + backlog:
+                    if len(self.ledger.shards) <= limit + backlog:
                         # So few lanes that the runner's backlog would hold every one not
                         # running: no lane would be left to choose from (see
                         # LONGEST_FIRST_BACKLOG).
@@ -1139,7 +1017,7 @@ class Controller:
                 # (chains: the records waiting behind it in its lane may follow it; not into
                 # a bundle begun, whose worker is counted already)
                 after = (
-                    self._shards.take_following(item, chain - 1, blocked)
+                    self.ledger.shards.take_following(item, chain - 1, blocked)
                     if chain > 1 and not bundled
                     else ()
                 )
@@ -1221,7 +1099,9 @@ class Controller:
         most = min(self._bundle_most, int(BUNDLE_SECONDS / service))
         if most < 2:
             return 1
-        ready = self._shards.ready_count(self._commits.blocked) // self._options.batch_size
+        ready = (
+            self.ledger.shards.ready_count(self.ledger.commits.blocked) // self._options.batch_size
+        )
         return max(1, min(most, ready // (self._bundle_ready * limit)))
 
     def _submit_bundle(
@@ -1232,7 +1112,7 @@ class Controller:
         the rest of a stuck one to other workers); the call limit counts the bundle as one
         worker until its calls are over."""
         self._bundles.start([(call, tps) for call, _, tps in calls])
-        self._counters.bundles += 1
+        self.ledger.counters.bundles += 1
         chunk = [(call, context) for call, context, _ in calls]
         self._runner.submit_chunk(chunk)  # type: ignore[attr-defined]
         self._chunks_out = True
@@ -1246,7 +1126,7 @@ class Controller:
         calls = [(first, context)]
         on_dispatch = self._on_dispatch
         for item in after:
-            batch = self._in_flight.add((item,), now)
+            batch = self.ledger.in_flight.add((item,), now)
             follower = PollContext.of_one(
                 RecordContext(item.message, item.attempts, item.last_failure, item.last_failure_at)
             )
@@ -1255,7 +1135,7 @@ class Controller:
             calls.append((batch.id, follower))
         tps = (after[0].tp,)
         self._chains.start([(call, tps) for call, _ in calls])
-        self._counters.chains += 1
+        self.ledger.counters.chains += 1
         self._runner.submit_chain(calls)  # type: ignore[attr-defined]
         self._chunks_out = True
 
@@ -1273,16 +1153,16 @@ class Controller:
                 error = CallCancelled("not started: a call before it in its chain failed or hung")
                 on_work_done(batch_id, (error,) * len(batch.items), 0.0)
             for item in batch.items:
-                state = self._partitions.get(item.tp)
+                state = self.ledger.partitions.get(item.tp)
                 if state is None or state.epoch != item.epoch:
                     # Its partition was revoked meanwhile: as for a stale result.
-                    self._counters.stale += 1
-                    self._to_release += 1
-                    self._shards.stale_done(item)
+                    self.ledger.counters.stale += 1
+                    self.ledger.to_release += 1
+                    self.ledger.shards.stale_done(item)
                 else:
                     items.append(item)
         if items:
-            self._shards.put_back(items)
+            self.ledger.shards.put_back(items)
 
     def _recall_chain(self, chain: int) -> None:
         """Chain ``chain`` ends for the engine now: the calls it finished are settled (a
@@ -1319,7 +1199,7 @@ class Controller:
         # (a call the stall policy gave up on before it started is over too)
         self._deadlines.forget_overrun(batch_id)
         self._deadlines.ended(batch_id)
-        return self._in_flight.pop(batch_id)
+        return self.ledger.in_flight.pop(batch_id)
 
     def _observe_service(self, took: float) -> None:
         """Adaptive dispatch: follow the time per call (:class:`ServiceTime`); calls much
@@ -1362,7 +1242,7 @@ class Controller:
                 if began is None:
                     began = bundles.ended(batch_id, finished_at)
                 if began is not None:
-                    self._in_flight.began(batch_id, began)
+                    self.ledger.in_flight.began(batch_id, began)
             work_done(batch_id, errors, value, finished_at, partial)
         if event.unstarted:
             # (after the failed call's outcome: its record waits for its retry at the front
@@ -1397,12 +1277,12 @@ class Controller:
         if self._timeout is not None and deadlines.finished_late(batch_id, finished_at):
             # It ended after its deadline, before the controller noticed the deadline passed:
             # a late result like any other (it must not count), but the call is over.
-            batch = self._in_flight.pop(batch_id)
+            batch = self.ledger.in_flight.pop(batch_id)
             deadlines.ended(batch_id)
             if batch is None:  # pragma: no cover - a watched call is in flight
                 return
-            self._counters.deadline_exceeded += 1
-            self._counters.late_results += 1
+            self.ledger.counters.deadline_exceeded += 1
+            self.ledger.counters.late_results += 1
             error = DeadlineExceeded(
                 f"the handler call ended after its deadline (processing_timeout="
                 f"{self._timeout:g}s); its result is ignored"
@@ -1411,10 +1291,10 @@ class Controller:
             return
         if deadlines.ended(batch_id):
             # The call ran past its deadline and its records went on without it.
-            self._counters.late_results += 1
+            self.ledger.counters.late_results += 1
             log.info("the late result of handler call %d is ignored", batch_id)
             return
-        batch = self._in_flight.pop(batch_id)
+        batch = self.ledger.in_flight.pop(batch_id)
         if batch is None:
             return  # taken back from the runner on close
         if self._on_work_done is not None:
@@ -1467,49 +1347,12 @@ class Controller:
         if batch.id < 0:
             self._dead_letter_settled(batch, errors[0], finished_at)
             return
-        partitions = self._partitions
-        counters = self._counters
-        finish = self._finish
-        on_success = self._on_success
-        succeeded = 0
-        for item, error in zip(batch.items, errors, strict=True):
-            state = partitions.get(item.tp)
-            if state is None or state.epoch != item.epoch:
-                counters.stale += 1
-                self._to_release += 1
-                self._shards.stale_done(item)
-                continue
-            if error is None:
-                succeeded += 1
-                state.totals.succeeded += 1
-                finish(item, state)
-                if on_success is not None:
-                    on_success(_context_of(item))
-            else:
-                self._failed(item, error, finished_at)
-        if succeeded:
-            counters.succeeded += succeeded
-
-    def _finish(self, item: WorkItem, state: PartitionState) -> None:
-        """``item`` is done (processed, skipped or dead-lettered): its offset may commit."""
-        self._to_release += 1
-        track = self._progress.track(item.tp)
-        if track is not None and track.lowest == item.offset:
-            self._progress_moved.add(item.tp)  # the partition's stall watch sees progress
-        state.succeeded(item.offset)
-        if self._stall_chances:
-            self._stall_chances.discard((item.tp, item.offset))
-        # (Its failure history, kept in the transactional mode, stays until a commit passes
-        # it: the transaction holding its dead letter or outputs may still abort.)
-        self._shards.finished(item)
-        blocked = self._commits.blocked
-        if blocked and item.tp in blocked:
-            self._commits.after_success(state)
+        self.ledger.settle(batch, errors, finished_at)
 
     # -- outputs (poll_and_produce) ---------------------------------------------------------------
 
     def _send_outputs(self, pending: Pending) -> None:
-        partitions = self._partitions
+        partitions = self.ledger.partitions
         for item in pending.batch.items:
             state = partitions.get(item.tp)
             if state is None or state.epoch != item.epoch:
@@ -1524,7 +1367,7 @@ class Controller:
         if self._gate is not None:
             self._gate.outputs += len(pending.outputs)
         if pending.batch.id > 0:  # (dead letters are counted apart)
-            self._counters.outputs_sent += len(pending.outputs)
+            self.ledger.counters.outputs_sent += len(pending.outputs)
         self._outputs.send(pending.batch.id, pending.outputs)
 
     def _run_outputs(self, run: Run, state: PartitionState, first: int, upto: int) -> None:
@@ -1545,13 +1388,12 @@ class Controller:
                 outputs.extend(value)
                 owners.extend([index] * len(value))
         if not outputs:
-            self._settle_messages(state, messages)
+            self.ledger.settle_messages(state, messages)
             return
         held: list[object] | None = None
         if self._options.ordering is ProcessingOrder.KEY:
-            topic, partition = run.tp
-            held = [(topic, partition, m.key()) for m in messages]
-            self._shards.hold(held)
+            held = key_lanes(run.tp, messages)
+            self.ledger.shards.hold(held)
         pending = RunOutputs(run.id, run.tp, run.epoch, messages, outputs, owners, held)
         if self._gate is None or self._gate.open:
             self._send_run_outputs(pending)
@@ -1559,7 +1401,7 @@ class Controller:
             self._pending.queue_run(pending)
 
     def _send_run_outputs(self, pending: RunOutputs) -> None:
-        state = self._partitions.get(pending.tp)
+        state = self.ledger.partitions.get(pending.tp)
         if state is None or state.epoch != pending.epoch:
             # Revoked meanwhile (held back by the gate): none is sent, they run again.
             self._run_outputs_gone(pending)
@@ -1569,16 +1411,16 @@ class Controller:
         count = len(pending.outputs)
         if self._gate is not None:
             self._gate.outputs += count
-        self._counters.outputs_sent += count
+        self.ledger.counters.outputs_sent += count
         self._outputs.send_run(pending.id, pending.outputs, pending.owners)
 
     def _run_outputs_gone(self, pending: RunOutputs) -> None:
         """The records of ``pending`` are no longer ours (their partition was revoked)."""
         count = len(pending.messages)
-        self._counters.stale += count
-        self._to_release += count
+        self.ledger.counters.stale += count
+        self.ledger.to_release += count
         if pending.held is not None:
-            self._shards.release(pending.held)
+            self.ledger.shards.release(pending.held)
 
     def _run_delivered(
         self, run_id: int, failures: dict[int, BaseException] | None, now: float
@@ -1587,23 +1429,23 @@ class Controller:
         if pending is None:  # pragma: no cover - every run is reported once
             return
         if failures is None:
-            self._counters.outputs_acknowledged += len(pending.outputs)
+            self.ledger.counters.outputs_acknowledged += len(pending.outputs)
         else:
             failed = sum(1 for owner in pending.owners if owner in failures)
-            self._counters.outputs_failed += failed
-            self._counters.outputs_acknowledged += len(pending.outputs) - failed
+            self.ledger.counters.outputs_failed += failed
+            self.ledger.counters.outputs_acknowledged += len(pending.outputs) - failed
             if self._gate is not None:
                 # The transaction holds the run's other outputs, and these records run again:
                 # it must not commit (see _delivered).
                 self._gate.abort_soon()
-        state = self._partitions.get(pending.tp)
+        state = self.ledger.partitions.get(pending.tp)
         if state is None or state.epoch != pending.epoch:
             self._run_outputs_gone(pending)
             return
         if failures is None:
-            self._settle_messages(state, pending.messages)
+            self.ledger.settle_messages(state, pending.messages)
             if pending.held is not None:
-                self._shards.release(pending.held)
+                self.ledger.shards.release(pending.held)
             return
         # A failed output retries its record, in its lane; everything of the partition still
         # to run goes to the lanes (after its run out, if any), where the records of its key
@@ -1614,17 +1456,17 @@ class Controller:
             self._detach_run(run, drop=False)
         good = [m for i, m in enumerate(pending.messages) if i not in failures]
         if good:
-            self._settle_messages(state, good)
+            self.ledger.settle_messages(state, good)
         items = []
         for index, error in failures.items():
-            item = self._item_of(tp, pending.epoch, pending.messages[index])
-            self._shards.adopt(item)  # (before the holds end: its lane stays busy)
+            item = self.ledger.item_of(tp, pending.epoch, pending.messages[index])
+            self.ledger.shards.adopt(item)  # (before the holds end: its lane stays busy)
             items.append((item, error))
         self._runs_to_lanes(tp)
         if pending.held is not None:
-            self._shards.release(pending.held)
+            self.ledger.shards.release(pending.held)
         for item, error in items:
-            self._failed(item, error, now)
+            self.ledger.failed(item, error, now)
 
     def _on_delivered(self, event: OutputsDelivered) -> None:
         now = self._clock.monotonic()
@@ -1651,15 +1493,15 @@ class Controller:
             return
         if failures:
             failure = failures[0]
-            self._counters.outputs_failed += len(failures)
-            self._counters.outputs_acknowledged += len(results) - len(failures)
+            self.ledger.counters.outputs_failed += len(failures)
+            self.ledger.counters.outputs_acknowledged += len(results) - len(failures)
             if self._gate is not None:
                 # The transaction may hold the call's other outputs, and its input is retried:
                 # it must not commit. Abort it (once the outputs sent so far are settled).
                 self._gate.abort_soon()
             self._settle(batch, (failure,) * len(batch.items), now)
             return
-        self._counters.outputs_acknowledged += len(pending.outputs)
+        self.ledger.counters.outputs_acknowledged += len(pending.outputs)
         if self._on_produced is not None:
             self._report_produced(pending, results)
         self._settle(batch, pending.errors or (None,) * len(batch.items), now)
@@ -1696,11 +1538,13 @@ class Controller:
             if gate.must_abort:
                 # Abort instead of committing; the poller rewinds the partitions it keeps.
                 gate.sent()
-                self._counters.commits_sent += 1
+                self.ledger.counters.commits_sent += 1
                 answer = self._committer.commit((), abort=True)
                 answer.add_done_callback(self._post_answer)
             else:
-                commits = self._commits.due(self._partitions.values(), now, final=bool(revokes))
+                commits = self.ledger.commits.due(
+                    self.ledger.partitions.values(), now, final=bool(revokes)
+                )
                 if commits or gate.outputs:
                     gate.sent()
                     self._send_commits(commits, final=bool(revokes))
@@ -1711,10 +1555,10 @@ class Controller:
                 # it inside its revoke callback, while they are still ours. (A partition
                 # assigned again since, after the poller gave up waiting, is not forgotten.)
                 for tp in event.tps:
-                    state = self._partitions.get(tp)
+                    state = self.ledger.partitions.get(tp)
                     if state is not None and state.epoch == epochs.get(tp):
                         self._forget(tp)
-                self._forget_history(event.tps)
+                self.ledger.forget_history(event.tps)
                 event.reply.set_result(None)
                 self._hooks.on_rebalance("revoked", event.tps)
         if gate.open and self._pending.queued:
@@ -1724,88 +1568,10 @@ class Controller:
             for outputs in self._pending.take_queued_runs():
                 self._send_run_outputs(outputs)
 
-    def _count_failure(self, item: WorkItem, error: BaseException) -> RecordContext:
-        """A failed attempt of ``item``: its history, the counter and the ``on_failure`` hook."""
-        self._counters.failed += 1
-        state = self._partitions.get(item.tp)
-        if state is not None:
-            state.totals.failed += 1
-        item.attempts += 1
-        item.last_failure = error
-        item.last_failure_at = self._clock.now()
-        if item.first_failure_at is None:
-            item.first_failure_at = item.last_failure_at
-        if self._gate is not None:
-            self._history[(item.tp, item.offset)] = (
-                item.attempts,
-                error,
-                item.last_failure_at,
-                item.first_failure_at,
-            )
-        record = RecordContext(item.message, item.attempts, error, item.last_failure_at)
-        self._hooks.on_failure(record, error)
-        return record
-
-    def _failed(self, item: WorkItem, error: BaseException, finished_at: float) -> None:
-        if isinstance(error, Skip | DeadLetter):
-            # The handler decided: not a failed attempt (the dead letter's attempt count and
-            # the record's history stay as they were).
-            self._give_up(item, error, decide(error, _context_of(item), finished_at, self._options))
-            return
-        if self._close is not None and isinstance(error, CallCancelled):
-            # close() cancelled the call: not the record's failure. It stays unfinished (and
-            # uncommitted) and runs again after the restart; no retry, no exhaustion policy.
-            self._shards.retry_later(item)
-            return
-        record = self._count_failure(item, error)
-        decision = decide(error, record, finished_at, self._options)
-        if not isinstance(decision, RetryAt):
-            self._give_up(item, error, decision)
-            return
-        if isinstance(error, Retry):
-            level = logging.DEBUG
-        else:
-            # Retries are routine: a record earns a warning once it keeps failing.
-            level = logging.WARNING if item.attempts >= WARN_FROM_ATTEMPT else logging.INFO
-        log.log(
-            level,
-            "%s[%d]@%d failed (attempt %d), retrying in %.3fs: %r",
-            *item.tp,
-            item.offset,
-            item.attempts,
-            decision.delay,
-            error,
-        )
-        self._hooks.on_retry(record, error, decision.delay)
-        self._shards.retry_later(item)
-        self._retries.push(item, decision.due)
-
-    def _give_up(self, item: WorkItem, error: BaseException, decision: Decision) -> None:
-        """Carry out a decision other than a retry for a record that just failed."""
-        if getattr(decision, "exhausted", False):
-            self._counters.retries_exhausted += 1
-        if isinstance(decision, SkipNow):
-            log.log(
-                logging.INFO if isinstance(error, Skip) else logging.WARNING,
-                "%s[%d]@%d skipped after %d failed attempts (%s): %r",
-                *item.tp,
-                item.offset,
-                item.attempts,
-                decision.reason,
-                error,
-            )
-            state = self._partitions[item.tp]
-            self._counters.skipped_on_failure += 1
-            self._finish(item, state)
-            self._hooks.on_skip(_context_of(item), error, decision.reason)
-        elif isinstance(decision, DeadLetterNow):
-            self._shards.retry_later(item)  # its lane stays busy until the letter is written
-            if isinstance(error, DeadLetter) and error.__cause__ is not None:
-                error = error.__cause__  # `raise DeadLetter(...) from exc`: the headers name exc
-            self._dead_letter_now(item, error, decision.reason)
-        else:
-            assert isinstance(decision, StopNow)
-            raise RetriesExhausted(decision.message) from error
+    def _write_due_letters(self) -> None:
+        """Write the dead letters the ledger decided on."""
+        for item, error, reason in self.ledger.take_letters_due():
+            self._dead_letter_now(item, error, reason)
 
     def _dead_letter_now(self, item: WorkItem, error: BaseException | None, reason: str) -> None:
         """Write ``item`` to its dead-letter topic now; its offset commits once the broker
@@ -1830,7 +1596,7 @@ class Controller:
             ) from error
         if letters.sending_for(item):
             return
-        self._retries.remove(item)
+        self.ledger.retries.remove(item)
         letters.take_waiting(item)  # a letter waiting to be written again is replaced
         self._send_dead_letter(Letter(item, error, reason))
 
@@ -1849,42 +1615,42 @@ class Controller:
         assert self._letters is not None
         letter = self._letters.settled(batch.id)
         item = batch.items[0]
-        state = self._partitions.get(item.tp)
+        state = self.ledger.partitions.get(item.tp)
         if letter is None or state is None or state.epoch != item.epoch:
             # Revoked meanwhile: nothing commits for it here; its next owner runs it again
             # and may write a second dead letter (at-least-once).
-            self._counters.stale += 1
-            self._to_release += 1
-            self._shards.stale_done(item)
+            self.ledger.counters.stale += 1
+            self.ledger.to_release += 1
+            self.ledger.shards.stale_done(item)
             return
         if error is None:
-            self._counters.dead_lettered += 1
+            self.ledger.counters.dead_lettered += 1
             self._letters.written(letter)
-            self._finish(item, state)
-            self._hooks.on_dead_letter(_context_of(item), letter.error, letter.reason)
+            self.ledger.finish(item, state)
+            self._hooks.on_dead_letter(context_of(item), letter.error, letter.reason)
         else:
-            self._counters.dead_letter_failures += 1
-            self._retries.push(item, finished_at + self._letters.failed(letter, error))
+            self.ledger.counters.dead_letter_failures += 1
+            self.ledger.retries.push(item, finished_at + self._letters.failed(letter, error))
 
     def _release_due_retries(self, now: float) -> None:
         letters = self._letters
-        for item in self._retries.pop_due(now):
-            state = self._partitions.get(item.tp)
+        for item in self.ledger.retries.pop_due(now):
+            state = self.ledger.partitions.get(item.tp)
             if state is None or state.epoch != item.epoch:  # pragma: no cover - forgotten
-                self._to_release += 1
+                self.ledger.to_release += 1
                 continue
             letter = letters.take_waiting(item) if letters is not None else None
             if letter is not None:
                 self._send_dead_letter(letter)
             else:
-                self._shards.retry_now(item)
+                self.ledger.shards.retry_now(item)
 
     # -- commits ------------------------------------------------------------------------------
 
     def _send_commits(self, commits: list[OffsetCommit], *, final: bool = False) -> None:
         if not commits and self._gate is None:
             return  # (a transaction commits its outputs even when no offset moved)
-        self._counters.commits_sent += len(commits)
+        self.ledger.counters.commits_sent += len(commits)
         if commits:
             self._hooks.on_commit_sent(commits)
         answer = self._committer.commit(commits, final=final)
@@ -1894,44 +1660,10 @@ class Controller:
         # Runs on whichever thread resolves the future (the poller): only posts.
         self.post(CommitResult(answer.result()))
 
-    def _forget_history_below(self, tp: TopicPartition, offset: int) -> None:
-        """The group committed ``tp`` at ``offset``: failures of records below it can no
-        longer run again (transactional mode)."""
-        history = self._history
-        for key in [k for k in history if k[0] == tp and k[1] < offset]:
-            del history[key]
-
     def _on_commit_result(self, answers: tuple[CommitAnswer, ...]) -> None:
         if self._gate is not None:
             self._gate.answered()
-        counters = self._counters
-        for answer in answers:
-            commit = answer.commit
-            state = self._partitions.get(commit.tp)
-            current = state is not None and state.epoch == commit.epoch
-            if answer.error is None:
-                counters.commits_acknowledged += 1
-                if self._history:
-                    self._forget_history_below(commit.tp, commit.offset)
-            elif answer.permanent:
-                raise InternalError(
-                    f"the broker rejected the commit of {commit.tp[0]}[{commit.tp[1]}]@"
-                    f"{commit.offset} for good: {answer.error}"
-                )
-            else:
-                counters.commit_failures += 1
-                # A commit of a partition since revoked fails as a matter of course (the group
-                # moved to a new generation); the revoke's own commit is what counts there.
-                log.log(
-                    logging.WARNING if current else logging.INFO,
-                    "commit of %s[%d]@%d failed (%s): %s",
-                    *commit.tp,
-                    commit.offset,
-                    "retried at the next interval" if current else "no longer assigned",
-                    answer.error,
-                )
-            if state is not None and current:
-                self._commits.answered(state, answer)
+        self.ledger.on_commit_answers(answers)
         self._hooks.on_commit(answers)
 
     # -- back-pressure and stalls ---------------------------------------------------------------
@@ -1941,17 +1673,17 @@ class Controller:
         (Records queued for runs wait for their partition's run by design: one run of a
         partition at a time is what keeps its order, and it is no sign of crowding.)"""
         return (
-            len(self._in_flight)
+            len(self.ledger.in_flight)
             - self._chains.extra
             - self._bundles.extra
             + self._workers_in_runs()
             < self._call_limit()
-            and self._shards.waiting > self._runs.queued_records()
-            and not self._shards.has_ready()
+            and self.ledger.shards.waiting > self._runs.queued_records()
+            and not self.ledger.shards.has_ready()
         )
 
     def _update_pauses(self, now: float) -> None:
-        backlog = self._shards.waiting_by_tp
+        backlog = self.ledger.shards.waiting_by_tp
         chained = self._chains.by_tp
         bundled = self._bundles.by_tp
         if self._runs.active or chained or bundled:
@@ -1966,7 +1698,7 @@ class Controller:
         wanted = self._pauses.update(
             now,
             backlog,
-            self._partitions.keys(),
+            self.ledger.partitions.keys(),
             running=self.lifecycle is Lifecycle.RUNNING,
             starving=self._starving(),
         )
@@ -1977,39 +1709,39 @@ class Controller:
         idle_for = self._stall.observe(
             now,
             stalled=bool(
-                self._shards.waiting
-                and not self._in_flight
+                self.ledger.shards.waiting
+                and not self.ledger.in_flight
                 and not self._runs
                 and not self._pending
-                and not self._retries
+                and not self.ledger.retries
                 and not self._deadlines.overruns  # hung calls hold every worker
                 and self.lifecycle in (Lifecycle.RUNNING, Lifecycle.DRAINING)
             ),
         )
         if idle_for is None:
             return
-        self._counters.stalls += 1
+        self.ledger.counters.stalls += 1
         report = StallReport(
-            waiting=self._shards.waiting,
-            retry_waiting=len(self._retries),
-            in_flight=self._in_flight.records + self._runs.records_out,
+            waiting=self.ledger.shards.waiting,
+            retry_waiting=len(self.ledger.retries),
+            in_flight=self.ledger.in_flight.records + self._runs.records_out,
             paused_partitions=len(self._pauses.paused),
-            blocked_partitions=len(self._commits.blocked),
+            blocked_partitions=len(self.ledger.commits.blocked),
             idle_for=idle_for,
         )
-        log.warning("no progress: %s; %r %r", report, self._shards, self._commits)
+        log.warning("no progress: %s; %r %r", report, self.ledger.shards, self.ledger.commits)
         self._hooks.on_stall(report)
 
     # -- deadlines and partition progress (docs/deadlines.md, docs/health.md) -------------------
 
     def _expire_calls(self, now: float) -> None:
         for batch_id in self._deadlines.expired(now):
-            batch = self._in_flight.pop(batch_id)
+            batch = self.ledger.in_flight.pop(batch_id)
             if batch is None:  # pragma: no cover - a watched call is in flight
                 self._deadlines.forget_overrun(batch_id)
                 continue
             assert self._timeout is not None
-            self._counters.deadline_exceeded += 1
+            self.ledger.counters.deadline_exceeded += 1
             error = DeadlineExceeded(
                 f"the handler call ran past its deadline (processing_timeout="
                 f"{self._timeout:g}s) and was abandoned"
@@ -2055,10 +1787,10 @@ class Controller:
     def _watch_partitions(self, now: float, only: set[TopicPartition] | None = None) -> None:
         """Observe the progress of every partition (or ``only`` those); act on partitions
         found stalled."""
-        progress = self._progress
+        progress = self.ledger.progress
         stalls: list[Stall] = []
         if self.lifecycle is Lifecycle.RUNNING or self.lifecycle is Lifecycle.DRAINING:
-            partitions = self._partitions
+            partitions = self.ledger.partitions
             for tp in partitions if only is None else only:
                 state = partitions.get(tp)
                 if state is None:
@@ -2086,7 +1818,7 @@ class Controller:
     def _on_partition_stall(self, stall: Stall, now: float) -> None:
         policy = self._options.on_stall
         topic, partition = stall.tp
-        self._counters.partition_stalls += 1
+        self.ledger.counters.partition_stalls += 1
         log.warning(
             "%s[%d] stalled: offset %d unfinished and the committed offset (%s) unmoved for "
             "%.1fs (stall_threshold=%ss); on_stall=%s",
@@ -2110,17 +1842,17 @@ class Controller:
             if item is not None:
                 self._on_stalled_record(item, now)
             # If the record holds the partition again, that is a new episode.
-            self._progress.restart(stall.tp, now)
+            self.ledger.progress.restart(stall.tp, now)
 
     def _blocking_item(self, tp: TopicPartition, offset: int) -> WorkItem | None:
         """The record at ``offset`` of ``tp`` (a stalled partition's lowest unfinished one):
         inside a handler call, waiting for its retry, or waiting in its lane. None if it was
         not polled yet (an unfinished offset restored from the committed offset map)."""
-        for batch in self._in_flight:
+        for batch in self.ledger.in_flight:
             for item in batch.items:
                 if item.offset == offset and item.tp == tp:
                     return item
-        return self._retries.find(tp, offset) or self._shards.find(tp, offset)
+        return self.ledger.retries.find(tp, offset) or self.ledger.shards.find(tp, offset)
 
     def _on_stalled_record(self, item: WorkItem, now: float) -> None:
         """``on_stall=DEAD_LETTER``: ``item`` holds its stalled partition; dead-letter it.
@@ -2143,7 +1875,7 @@ class Controller:
                 return True
             return None if runner_running is None else runner_running(batch_id)
 
-        for batch in self._in_flight:
+        for batch in self.ledger.in_flight:
             if item not in batch.items:
                 continue
             age = now - batch.started_at
@@ -2157,9 +1889,9 @@ class Controller:
                     item.offset,
                 )
                 return
-            if age < threshold and key not in self._stall_chances:
+            if age < threshold and key not in self.ledger.stall_chances:
                 # A new attempt (say, its retry) gets one chance, once per record.
-                self._stall_chances.add(key)
+                self.ledger.stall_chances.add(key)
                 log.info(
                     "%s[%d]@%d holds the partition; its call was handed over %.1fs ago: it gets "
                     "its chance",
@@ -2168,9 +1900,9 @@ class Controller:
                     age,
                 )
                 return
-            self._in_flight.pop(batch.id)
+            self.ledger.in_flight.pop(batch.id)
             self._deadlines.expire(batch.id)
-            self._counters.deadline_exceeded += 1
+            self.ledger.counters.deadline_exceeded += 1
             error = DeadlineExceeded(
                 f"{item.tp[0]}[{item.tp[1]}]@{item.offset} held its partition for longer "
                 f"than stall_threshold={threshold}s (on_stall=DEAD_LETTER)"
@@ -2180,10 +1912,10 @@ class Controller:
             # retry policy says: the stall policy decided.
             others = tuple(i for i in batch.items if i is not item)
             self._abandon(Batch(batch.id, others, batch.started_at), error, now, whole=batch)
-            self._count_failure(item, error)
+            self.ledger.count_failure(item, error)
             self._dead_letter_now(item, error, Reason.STALLED)
             return
-        if self._retries.find(item.tp, item.offset) is item:
+        if self.ledger.retries.find(item.tp, item.offset) is item:
             self._dead_letter_now(item, item.last_failure, Reason.STALLED)
             return
         log.warning(
@@ -2198,16 +1930,16 @@ class Controller:
         return health_report(
             self.lifecycle,
             partitions=partition_health(
-                self._partitions.values(),
-                progress=self._progress,
-                in_flight=self._in_flight,
+                self.ledger.partitions.values(),
+                progress=self.ledger.progress,
+                in_flight=self.ledger.in_flight,
                 runs=self._runs,
-                waiting=self._shards.waiting_by_tp,
-                blocked=self._commits.blocked,
+                waiting=self.ledger.shards.waiting_by_tp,
+                blocked=self.ledger.commits.blocked,
                 now=self._clock.monotonic(),
             ),
-            dead_letter_failures=self._counters.dead_letter_failures,
-            deadline_exceeded=self._counters.deadline_exceeded,
+            dead_letter_failures=self.ledger.counters.dead_letter_failures,
+            deadline_exceeded=self.ledger.counters.deadline_exceeded,
             overrunning_calls=self._deadlines.overruns,
             stall_threshold=self._options.stall_threshold,
             failure=self._failure,
@@ -2229,7 +1961,7 @@ class Controller:
             if self.lifecycle is Lifecycle.PAUSED:
                 self.lifecycle = Lifecycle.RUNNING
                 # Nothing could progress while paused: stall clocks start again.
-                self._progress.restart_all(self._clock.monotonic())
+                self.ledger.progress.restart_all(self._clock.monotonic())
                 self._progress_at = 0.0
             event.reply.set_result(self.lifecycle)
         elif action == "close":
@@ -2237,6 +1969,7 @@ class Controller:
             deadline = self._clock.monotonic() + timeout
             if self._close is None:
                 self._close = Closing(event.reply, deadline, event.drain)
+                self.ledger.closing = True
                 if event.drain:
                     self.lifecycle = Lifecycle.DRAINING
                 else:
@@ -2255,28 +1988,28 @@ class Controller:
         self.lifecycle = Lifecycle.CLOSING
         for run in list(self._runs.active.values()):
             self._detach_run(run, drop=True)
-        for tp in list(self._partitions):
-            self._to_release += self._shards.remove_partition(tp)
+        for tp in list(self.ledger.partitions):
+            self.ledger.to_release += self.ledger.shards.remove_partition(tp)
             queued = self._runs.take_queued(tp)
             if queued is not None:
-                self._to_release += len(queued[1])
+                self.ledger.to_release += len(queued[1])
         for batch_id in self._runner.cancel_queued():
             batch = self._take_back(batch_id)
             if batch is not None:
-                self._to_release += len(batch.items)
+                self.ledger.to_release += len(batch.items)
 
     def _close_step(self, now: float) -> bool:
         """Carry out the close's next step; True when the controller may stop."""
         close = self._close
         assert close is not None
         # Records whose outputs are on their way (or held back) are in flight too.
-        in_flight = self._in_flight.records + self._pending.records + self._runs.records_out
+        in_flight = self.ledger.in_flight.records + self._pending.records + self._runs.records_out
         step = close.step(
             now,
             time.monotonic(),
-            work_left=bool(self._shards.waiting or self._retries or in_flight),
+            work_left=bool(self.ledger.shards.waiting or self.ledger.retries or in_flight),
             in_flight=bool(in_flight),
-            commit_pending=self._commits.has_pending()
+            commit_pending=self.ledger.commits.has_pending()
             or (self._gate is not None and not self._gate.open),
             resend_final_commit=lambda: self._send_final_commits(now),
             # Never a blocking join: the poller may be inside a revoke callback waiting for
@@ -2286,13 +2019,13 @@ class Controller:
         if not close.drain and self.lifecycle is Lifecycle.DRAINING:
             self.lifecycle = Lifecycle.CLOSING
         if step is Step.STOP_RUNNER:
-            if in_flight or self._shards.waiting or self._retries:
+            if in_flight or self.ledger.shards.waiting or self.ledger.retries:
                 log.warning(
                     "closing with %d records in flight, %d waiting and %d waiting for a retry: "
                     "they are not committed and will be processed again",
                     in_flight,
-                    self._shards.waiting,
-                    len(self._retries),
+                    self.ledger.shards.waiting,
+                    len(self.ledger.retries),
                 )
             # From here on no handler call starts, whatever is still queued in the runner.
             self._runner.stop(timeout=0.0 if in_flight else 1.0)
@@ -2306,11 +2039,11 @@ class Controller:
         if gate is not None:
             # The transaction commits once the outputs sent are acknowledged (and takes the
             # offsets of their records with it): see _advance_transaction.
-            if gate.outputs or any(s.dirty for s in self._partitions.values()):
+            if gate.outputs or any(s.dirty for s in self.ledger.partitions.values()):
                 gate.wanted = True
                 return True
             return False
-        commits = self._commits.due(self._partitions.values(), now, final=True)
+        commits = self.ledger.commits.due(self.ledger.partitions.values(), now, final=True)
         self._send_commits(commits, final=True)
         return bool(commits)
 
@@ -2345,29 +2078,25 @@ class Controller:
     def statistics(self) -> Statistics:
         return assemble_statistics(
             self.lifecycle,
-            counters=self._counters,
-            shards=self._shards,
-            in_flight=self._in_flight,
+            counters=self.ledger.counters,
+            shards=self.ledger.shards,
+            in_flight=self.ledger.in_flight,
             delivering=self._pending.records,
-            retries=len(self._retries),
+            retries=len(self.ledger.retries),
             pauses=self._pauses,
-            commits=self._commits,
-            partitions=self._partitions.values(),
+            commits=self.ledger.commits,
+            partitions=self.ledger.partitions.values(),
             poller=self._poller.statistics(),
             overrunning_calls=self._deadlines.overruns,
             chunk_size=self.chunk_size,
-            totals=self._totals,
+            totals=self.ledger.totals,
             runs_out=self._runs.records_out,
         )
 
     def __repr__(self) -> str:
         return (
-            f"<Controller {self.lifecycle.name} partitions={len(self._partitions)} "
-            f"waiting={self._shards.waiting} "
-            f"in_flight={self._in_flight.records + self._runs.records_out} "
-            f"retries={len(self._retries)}>"
+            f"<Controller {self.lifecycle.name} partitions={len(self.ledger.partitions)} "
+            f"waiting={self.ledger.shards.waiting} "
+            f"in_flight={self.ledger.in_flight.records + self._runs.records_out} "
+            f"retries={len(self.ledger.retries)}>"
         )
-
-
-def _context_of(item: WorkItem) -> RecordContext:
-    return RecordContext(item.message, item.attempts, item.last_failure, item.last_failure_at)

@@ -1,5 +1,6 @@
-"""The commit tracker: what to commit per partition, what is on its way, and which partitions
-are blocked. Owned by the controller thread; pure data and decisions, no I/O.
+"""The commit tracker: when to commit, what to commit per partition, what is on its way, what
+the broker answered, and which partitions are blocked. Owned by the controller thread (through
+its ledger); pure data and decisions, no I/O.
 
 "Blocked" lives here and only here: a partition whose offset map is near or over the metadata
 limit runs only the holes below its highest succeeded offset until the map shrinks. The
@@ -12,18 +13,29 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
+from parallel_consumer.errors import InternalError
 from parallel_consumer.offsets import CommitPlan, MetadataStatus, plan_commit
+from parallel_consumer.work.counters import Counters
 from parallel_consumer.work.item import TopicPartition
 from parallel_consumer.work.partitions import PartitionState
 
-__all__ = ["PENDING_COMMIT_TIMEOUT", "CommitAnswer", "CommitTracker", "OffsetCommit"]
+__all__ = [
+    "IDLE_COMMIT_AFTER",
+    "PENDING_COMMIT_TIMEOUT",
+    "CommitAnswer",
+    "CommitTracker",
+    "OffsetCommit",
+]
 
 log = logging.getLogger("parallel_consumer")
 
 #: A commit neither acknowledged nor failed after this long is sent again.
 PENDING_COMMIT_TIMEOUT = 30.0
+#: An engine that finished everything it polled commits at once, if the last commit is this
+#: fraction of commit_interval old (docs/commits.md#when).
+IDLE_COMMIT_AFTER = 0.1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,8 +71,11 @@ class _Pending:
 class CommitTracker:
     """Commit planning and bookkeeping for every assigned partition."""
 
-    def __init__(self, max_metadata_bytes: int) -> None:
+    def __init__(self, max_metadata_bytes: int, every: float = 5.0) -> None:
         self._max_metadata_bytes = max_metadata_bytes
+        #: Seconds between commits (Options.commit_every), and when the next is due.
+        self.every = every
+        self.next_at = 0.0
         #: Blocked partitions -> the offset below which records may still run.
         self.blocked: dict[TopicPartition, int] = {}
         self._to_unpark: list[TopicPartition] = []
@@ -68,6 +83,17 @@ class CommitTracker:
         self._pending: dict[TopicPartition, dict[tuple[int, int, str], _Pending]] = {}
         #: Last planned map per partition: (size in bytes, status name).
         self._metadata: dict[TopicPartition, tuple[int, str]] = {}
+
+    # -- timing ---------------------------------------------------------------------------------
+
+    def schedule(self, now: float) -> None:
+        """A commit was sent (or is due no sooner than) now: the next one is a period later."""
+        self.next_at = now + self.every
+
+    def idle_at(self) -> float:
+        """When an engine that finished everything may commit, ahead of :attr:`next_at`."""
+        every = self.every
+        return self.next_at - every + every * IDLE_COMMIT_AFTER
 
     # -- planning -------------------------------------------------------------------------------
 
@@ -173,6 +199,44 @@ class CommitTracker:
             return True
         del waiting[_key(commit)]
         return True
+
+    def handle_answers(
+        self,
+        answers: Iterable[CommitAnswer],
+        partitions: Mapping[TopicPartition, PartitionState],
+        counters: Counters,
+    ) -> list[tuple[TopicPartition, int]]:
+        """Apply a commit's answers to the partitions still assigned in the epoch they were
+        planned in, and count them; returns the (partition, offset) pairs committed. A
+        permanent failure raises :class:`InternalError` (the consumer stops)."""
+        passed = []
+        for answer in answers:
+            commit = answer.commit
+            state = partitions.get(commit.tp)
+            current = state is not None and state.epoch == commit.epoch
+            if answer.error is None:
+                counters.commits_acknowledged += 1
+                passed.append((commit.tp, commit.offset))
+            elif answer.permanent:
+                raise InternalError(
+                    f"the broker rejected the commit of {commit.tp[0]}[{commit.tp[1]}]@"
+                    f"{commit.offset} for good: {answer.error}"
+                )
+            else:
+                counters.commit_failures += 1
+                # A commit of a partition since revoked fails as a matter of course (the group
+                # moved to a new generation); the revoke's own commit is what counts there.
+                log.log(
+                    logging.WARNING if current else logging.INFO,
+                    "commit of %s[%d]@%d failed (%s): %s",
+                    *commit.tp,
+                    commit.offset,
+                    "retried at the next interval" if current else "no longer assigned",
+                    answer.error,
+                )
+            if state is not None and current:
+                self.answered(state, answer)
+        return passed
 
     def after_success(self, state: PartitionState) -> None:
         """A record of a blocked partition succeeded: without holes it is free again."""

@@ -1,8 +1,8 @@
 """Shards: the queues that carry the ordering guarantee, and the ready queue that picks fairly.
 
-A shard is one ordering lane: (topic, partition, key) for KEY, the partition for PARTITION and
-UNORDERED. KEY and PARTITION shards hand out only their head, and only while nothing else of the
-shard is in flight or waiting for a retry; UNORDERED shards hand out any waiting record.
+A shard is one ordering lane (work/lanes.py holds the lane rule). KEY and PARTITION shards hand
+out only their head, and only while nothing else of the shard is in flight or waiting for a
+retry; UNORDERED shards hand out any waiting record.
 
 Choosing the next record is O(1) amortised: shards with selectable work sit in a ready queue
 (round-robin: a shard that still has work after giving one record goes to the back), instead of
@@ -18,8 +18,9 @@ from typing import Any
 
 from parallel_consumer.options import ProcessingOrder
 from parallel_consumer.work.item import TopicPartition, WorkItem
+from parallel_consumer.work.lanes import Shard
 
-__all__ = ["LONGEST_LOOK", "PASSED_MOST", "Shard", "ShardMap", "shard_key_for"]
+__all__ = ["LONGEST_LOOK", "PASSED_MOST", "ShardMap"]
 
 #: ShardMap.take_longest looks at this many ready lanes for the longest.
 LONGEST_LOOK = 32
@@ -29,13 +30,6 @@ PASSED_MOST = 8
 SPARE_LANES = 1024
 
 
-def shard_key_for(ordering: ProcessingOrder, tp: TopicPartition, key: bytes | None) -> object:
-    """The shard a record belongs to. Null keys of one partition share one KEY shard."""
-    if ordering is ProcessingOrder.KEY:
-        return (tp[0], tp[1], key)
-    return tp
-
-
 def _count_down(counts: dict[Any, int], key: object) -> None:
     """One less of ``key`` in ``counts`` (which must hold it): gone at zero."""
     count = counts[key]
@@ -43,39 +37,6 @@ def _count_down(counts: dict[Any, int], key: object) -> None:
         del counts[key]
     else:
         counts[key] = count - 1
-
-
-class Shard:
-    """One ordering lane. Owned by the controller thread (through its ShardMap)."""
-
-    __slots__ = ("busy", "key", "parked", "passed", "queue", "removed", "scheduled", "tp")
-
-    def __init__(self, key: object, tp: TopicPartition) -> None:
-        self.key = key
-        self.tp = tp
-        #: Records waiting for dispatch, in offset order (a due retry goes back to the front).
-        self.queue: deque[WorkItem] = deque()
-        #: Records of this shard in flight or waiting for their retry delay.
-        self.busy = 0
-        #: True while the shard sits in the ready queue or is parked.
-        self.scheduled = False
-        #: Parked: its head is above its blocked partition's limit (see ShardMap.take).
-        self.parked = False
-        self.removed = False
-        #: How often :meth:`ShardMap.take_longest` passed it over for a longer lane.
-        self.passed = 0
-
-    def reuse(self, key: object, tp: TopicPartition) -> None:
-        """Serve as the new lane ``key`` (this one was dropped: empty, not busy, not
-        scheduled, not parked), as if just made: a lane made and dropped per record then
-        costs no allocations."""
-        self.key = key
-        self.tp = tp
-        self.busy = self.passed = 0
-        self.removed = False
-
-    def __repr__(self) -> str:
-        return f"<Shard {self.key!r} waiting={len(self.queue)} busy={self.busy}>"
 
 
 class ShardMap:

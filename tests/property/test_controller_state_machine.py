@@ -833,7 +833,7 @@ class ControllerMachine(RuleBasedStateMachine):
         assert 0 <= credit.held <= credit.limit
         unreturned = sum(c.count for c in self.poller.commands if isinstance(c, Release))
         assert credit.held == self.controller.statistics().held + unreturned + (
-            self.controller._to_release
+            self.controller.ledger.to_release
         )
 
 

@@ -118,6 +118,6 @@ def new_runs(runner: Taker, seen: set) -> list:
 
 def released(controller: Controller) -> int:
     """Credit the controller gave back, or is about to."""
-    return controller._to_release + sum(
+    return controller.ledger.to_release + sum(
         c.count for c in controller._poller.commands if isinstance(c, Release)
     )

@@ -56,7 +56,7 @@ def test_many_ready_records_of_milliseconds_go_out_in_bundles_that_hold_one_work
     # Then each slot got a bundle of 4, and the engine counts 5 workers held
     assert [len(chunk) for chunk in runner.chunks] == [4] * 5
     assert not runner.singles
-    assert len(controller._in_flight) - controller._bundles.extra == 5
+    assert len(controller.ledger.in_flight) - controller._bundles.extra == 5
     assert controller.statistics().bundles == 5
     # And in offset order, each offset once
     offsets = [ctx.offset for chunk in runner.chunks for _, ctx in chunk]
@@ -72,7 +72,7 @@ def test_a_bundle_that_reports_frees_its_worker_for_the_next_one():
     controller.run_once(block=False)
     # One bundle ended: one more went out; nothing of the first is counted any more
     assert len(runner.chunks) == 6
-    assert len(controller._in_flight) - controller._bundles.extra == 5
+    assert len(controller.ledger.in_flight) - controller._bundles.extra == 5
     assert not any(batch in controller._bundles for batch, _ in first)
 
 
@@ -87,7 +87,7 @@ def test_a_bundle_call_reported_alone_leaves_its_bundle():
     assert controller._bundles.extra == 4 * 3  # the 4 other bundles' extra calls
     controller.post(WorkDone(first[0][0], (None,), None, clock.monotonic(), took=0.003))
     controller.run_once(block=False)
-    assert len(controller._in_flight) - controller._bundles.extra == 5
+    assert len(controller.ledger.in_flight) - controller._bundles.extra == 5
 
 
 def test_records_for_fewer_than_two_full_bundles_per_worker_go_out_one_by_one():

@@ -81,7 +81,7 @@ def test_a_record_waiting_for_its_retry_is_dead_lettered_and_then_committed(step
     controller.post(WorkDone(batch, (ValueError("slow"),), None, clock.monotonic()))
     controller.run_once(block=False)
     assert controller.statistics().retry_waiting == 1
-    [item] = [entry[2] for entry in controller._retries._heap]
+    [item] = [entry[2] for entry in controller.ledger.retries._heap]
 
     # When a policy dead-letters it now
     controller._dead_letter_now(item, item.last_failure, dl.Reason.STALLED)
@@ -115,7 +115,7 @@ def test_a_failed_write_of_a_dead_letter_now_keeps_the_record_incomplete(stepped
     [(batch, _)] = runner.submitted
     controller.post(WorkDone(batch, (ValueError("slow"),), None, clock.monotonic()))
     controller.run_once(block=False)
-    [item] = [entry[2] for entry in controller._retries._heap]
+    [item] = [entry[2] for entry in controller.ledger.retries._heap]
     cluster.delete_topic("t.dlq")
 
     controller._dead_letter_now(item, item.last_failure, dl.Reason.STALLED)

@@ -124,7 +124,7 @@ def test_records_that_cannot_be_dispatched_are_reported_as_a_stall():
             reports.append(report)
 
     controller = stepped_controller(clock, hooks=Hooks())
-    controller._shards.take = lambda blocked: None  # type: ignore[method-assign]
+    controller.ledger.shards.take = lambda blocked: None  # type: ignore[method-assign]
     controller.post(RecordsPolled({("t", 0): (1, [Message(topic="t", partition=0, offset=0)])}))
     controller.run_once(block=False)
     # When a second passes without progress

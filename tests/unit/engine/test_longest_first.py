@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from parallel_consumer.options import ProcessingOrder
 from parallel_consumer.work.item import WorkItem
-from parallel_consumer.work.shards import PASSED_MOST, ShardMap, shard_key_for
+from parallel_consumer.work.lanes import shard_key_for
+from parallel_consumer.work.shards import PASSED_MOST, ShardMap
 
 TP = ("t", 0)
 
@@ -194,7 +195,7 @@ def test_with_about_as_many_lanes_as_call_slots_two_backlog_slots_stay_unused():
     controller, runner = _stepped_key_controller(keys=20, per_key=50)
     handed = len(runner.chains) + len(runner.singles)
     assert handed == 16 + 2
-    assert controller._shards.has_ready()
+    assert controller.ledger.shards.has_ready()
 
 
 def test_with_many_more_lanes_than_call_slots_the_whole_backlog_is_used():

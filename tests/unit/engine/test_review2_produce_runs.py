@@ -89,7 +89,7 @@ def play(run, plan: list) -> tuple[int, BaseException | None]:
 
 
 def lane_busy(controller, key: bytes) -> int:
-    shard = controller._shards._shards.get(("t", 0, key))
+    shard = controller.ledger.shards._shards.get(("t", 0, key))
     return 0 if shard is None else shard.busy
 
 
@@ -120,7 +120,7 @@ def test_ctx_fail_in_a_run_produces_then_fails_once(ordering, kind, returns):
     controller.post(RunDone(run, ok, error, controller._clock.monotonic(), 1e-6))
     controller.run_once(block=False)
     assert [o for _, o, _ in sent.runs] == [[out(msgs[0])]]
-    state = controller._partitions[TP]
+    state = controller.ledger.partitions[TP]
     if returns == "output":
         assert sent.calls
         assert sent.calls[0][1] == [value]
@@ -133,7 +133,7 @@ def test_ctx_fail_in_a_run_produces_then_fails_once(ordering, kind, returns):
         stats = controller.statistics()
         assert stats.delivering == 2  # a0 (run outputs) and b1
         # (c2 went to its lane and out as a single call; b1 is no call in flight)
-        assert [i.offset for b in controller._in_flight for i in b.items] == [2]
+        assert [i.offset for b in controller.ledger.in_flight for i in b.items] == [2]
         # more of key b polled: it waits for b1 (KEY)
         controller.post(RecordsPolled({TP: (1, messages("b", 3))}))
         controller.run_once(block=False)
@@ -179,9 +179,9 @@ def test_ctx_fail_in_a_run_produces_then_fails_once(ordering, kind, returns):
     assert stats.in_flight == 0
     assert stats.delivering == 0
     assert stats.waiting == 0
-    assert not controller._shards._held
+    assert not controller.ledger.shards._held
     assert released(controller) == total
-    assert controller._partitions[TP].incomplete.lowest() is None
+    assert controller.ledger.partitions[TP].incomplete.lowest() is None
     finished = (
         stats.records_succeeded + stats.records_skipped_on_failure + stats.records_dead_lettered
     )
@@ -225,7 +225,7 @@ def test_ctx_fail_in_a_run_then_revoke_and_reassign_before_its_outputs_are_ackno
     )
     assert offsets == [0, 1]
     assert released(controller) == 2
-    assert not controller._shards._stale_running
+    assert not controller.ledger.shards._stale_running
 
 
 def test_ctx_fail_in_a_detached_run_adopted_call():
@@ -259,7 +259,7 @@ def test_ctx_fail_in_a_detached_run_adopted_call():
     controller.run_once(block=False)
     assert dict(hooks.seen) == {("failure", 1): 1, ("retry", 1): 1}
     # c2 (its lane) and b1's retry (retry_delay=0) are single calls now
-    assert sorted(i.offset for b in controller._in_flight for i in b.items) == [1, 2]
+    assert sorted(i.offset for b in controller.ledger.in_flight for i in b.items) == [1, 2]
     assert not controller._adopted
 
 

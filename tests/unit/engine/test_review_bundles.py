@@ -68,7 +68,7 @@ def test_a_bundle_left_open_by_chains_does_not_lend_its_reserve_to_them():
     controller.post(RecordsPolled({TP: (1, messages)}))
     controller.run_once(block=False)
     handed = len(runner.singles) + len(runner.chunks) + len(runner.chains)
-    held = len(controller._in_flight) - controller._chains.extra - controller._bundles.extra
+    held = len(controller.ledger.in_flight) - controller._chains.extra - controller._bundles.extra
     assert held == handed
     assert handed <= controller._call_limit(), (
         f"{handed} workers handed out for a call limit of {controller._call_limit()}: "
@@ -286,7 +286,7 @@ def test_records_of_a_blocked_unordered_partition_do_not_size_bundles():
     _play(controller, runner, clock, lambda ctx: ctx.offset % 4 == 1)
     clock.advance(1.1)
     controller.run_once(block=False)
-    assert T_0 in controller._commits.blocked
+    assert T_0 in controller.ledger.commits.blocked
     parked = [Message(topic="t", partition=0, offset=o) for o in range(40, 240)]
     ready = [Message(topic="t", partition=1, offset=o) for o in range(8)]
     controller._observe_service(0.003)

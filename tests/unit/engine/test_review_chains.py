@@ -130,12 +130,12 @@ def test_a_stall_abandoned_call_of_a_detached_run_holds_one_slot():
     controller.chunk_size = 1
     controller.run_once(block=False)
     limit = runner.capacity + runner.backlog
-    assert len(controller._in_flight) + controller._workers_in_runs() == limit
+    assert len(controller.ledger.in_flight) + controller._workers_in_runs() == limit
     # Every call but the hung one ends: the others complete
     from parallel_consumer._events import WorkDone
 
     hung = run.adopted[1]
-    for batch in list(controller._in_flight):
+    for batch in list(controller.ledger.in_flight):
         if batch.id != hung:
             controller.post(WorkDone(batch.id, (None,), None, clock.monotonic()))
     controller.run_once(block=False)
@@ -144,8 +144,8 @@ def test_a_stall_abandoned_call_of_a_detached_run_holds_one_slot():
     controller.run_once(block=False)
     clock.advance(31)
     controller.run_once(block=False)
-    assert controller._counters.partition_stalls >= 1
-    assert hung not in controller._in_flight
+    assert controller.ledger.counters.partition_stalls >= 1
+    assert hung not in controller.ledger.in_flight
     held = controller._workers_in_runs() + controller._deadlines.overruns
     assert held == 1, f"the hung call holds {held} slots of the call limit"
 

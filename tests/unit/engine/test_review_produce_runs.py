@@ -159,7 +159,7 @@ def test_revoke_and_reassign_while_run_outputs_are_on_their_way_keeps_holds_and_
     # the old outputs are acknowledged: stale, holds end, the new epoch's records run
     controller.post(OutputsDelivered((), ((sent.runs[0][0], None),)))
     controller.run_once(block=False)
-    assert not controller._shards._held
+    assert not controller.ledger.shards._held
     (r2,) = new_runs(runner, seen)
     assert [m.key() for m in r2.messages] == [b"a", b"b", b"c"]
     work(controller, r2)
@@ -171,11 +171,11 @@ def test_revoke_and_reassign_while_run_outputs_are_on_their_way_keeps_holds_and_
     controller.run_once(block=False)
     controller.post(OutputsDelivered((), ((sent.runs[-1][0], None),)))
     controller.run_once(block=False)
-    assert not controller._shards._held
+    assert not controller.ledger.shards._held
     assert controller._pending.records == 0
     assert controller._runs.records_out == 0
     assert released(controller) == 3 + 2 + 5
-    assert controller._partitions[TP].totals.succeeded >= 5
+    assert controller.ledger.partitions[TP].totals.succeeded >= 5
 
 
 def test_failed_run_output_detaches_the_run_out_and_every_record_finishes_once():
@@ -223,10 +223,10 @@ def test_failed_run_output_detaches_the_run_out_and_every_record_finishes_once()
         for r in new_runs(runner, seen):
             work(controller, r)
         controller.run_once(block=False)
-    state = controller._partitions[TP]
+    state = controller.ledger.partitions[TP]
     assert state.totals.succeeded == 6
-    assert not controller._shards._held
-    assert not controller._in_flight
+    assert not controller.ledger.shards._held
+    assert not controller.ledger.in_flight
     assert not controller._pending
     assert controller._pending.records == 0
     assert controller._runs.records_out == 0

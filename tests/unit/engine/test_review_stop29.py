@@ -23,7 +23,7 @@ from parallel_consumer.kafka import poller as poller_module
 from parallel_consumer.offsets import decode_offset_map
 from parallel_consumer.runners.threads import ThreadRunner
 from parallel_consumer.testing.fakes import FakeConsumer
-from parallel_consumer.work.shards import shard_key_for
+from parallel_consumer.work.lanes import shard_key_for
 
 # -- 0dbd99c: spare lanes ---------------------------------------------------------------------
 

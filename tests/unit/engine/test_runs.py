@@ -423,11 +423,11 @@ def test_a_hung_call_of_a_detached_run_holds_one_slot_of_the_call_limit():
     run.pending.popleft()
     controller._detach_run(run, drop=False)
     assert run.adopted is not None
-    assert len(controller._in_flight) == 1
+    assert len(controller.ledger.in_flight) == 1
     assert controller._runs.out  # (until the worker reports)
     # Then the hung call holds one slot: the other records fill the rest of the limit
     controller.chunk_size = 1  # (calls slow now: one by one)
     controller.run_once(block=False)
     limit = runner.capacity + runner.backlog
-    assert len(controller._in_flight) == limit
+    assert len(controller.ledger.in_flight) == limit
     assert controller._workers_in_runs() == 0

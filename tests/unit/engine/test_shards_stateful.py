@@ -16,7 +16,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from parallel_consumer.options import ProcessingOrder
 from parallel_consumer.work.item import WorkItem
-from parallel_consumer.work.shards import ShardMap, shard_key_for
+from parallel_consumer.work.lanes import shard_key_for
+from parallel_consumer.work.shards import ShardMap
 
 TPS = [("t", 0), ("t", 1)]
 KEYS = [b"a", b"b", b"c", b"d"]

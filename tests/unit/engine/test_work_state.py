@@ -8,8 +8,9 @@ from parallel_consumer.options import ProcessingOrder
 from parallel_consumer.work.backpressure import partition_cap, partitions_to_pause
 from parallel_consumer.work.commit_tracker import CommitAnswer, CommitTracker, OffsetCommit
 from parallel_consumer.work.item import WorkItem
+from parallel_consumer.work.lanes import shard_key_for
 from parallel_consumer.work.partitions import PartitionState
-from parallel_consumer.work.shards import ShardMap, shard_key_for
+from parallel_consumer.work.shards import ShardMap
 
 TP = ("t", 0)
 
