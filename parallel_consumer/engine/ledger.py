@@ -151,6 +151,9 @@ class Ledger:
         self.shards.add(tp, items)
         self.counters.registered += len(fresh)
 
+    def items(self, tp: TopicPartition, epoch: int, messages: Sequence[Any]) -> list[WorkItem]:
+        return items_for(self._ordering, tp, epoch, messages)
+
     def item_of(self, tp: TopicPartition, epoch: int, message: Any) -> WorkItem:
         return WorkItem(message, tp, shard_key_for(self._ordering, tp, message.key()), epoch)
 

@@ -1,9 +1,9 @@
 """Dead letters on their way: building them, tracking their writes, preparing their topics.
 
 Owned by the controller thread (:class:`DeadLetters`). A dead letter travels the same path as
-a ``poll_and_produce`` output (``Controller._send_outputs`` -> the library's producer,
-:class:`~parallel_consumer.kafka.producer.Outputs` -> ``OutputsDelivered``), as a one-record call
-with a negative batch id, so that in the transactional mode it goes into the open transaction
+a ``poll_and_produce`` output (engine/delivery.py -> the library's producer,
+:class:`~parallel_consumer.kafka.producer.Outputs` -> ``OutputsDelivered``), as a one-record write
+marked ``Pending.letter``, so that in the transactional mode it goes into the open transaction
 with the offsets (the :class:`~parallel_consumer.work.outputs.TransactionGate` holds it back
 while a transaction commits) and the record's offset is only marked done once the broker
 acknowledged it. A write that fails leaves the record incomplete: it waits in the retry queue
@@ -15,7 +15,6 @@ checks (or creates) the dead-letter topics when processing starts.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -59,7 +58,7 @@ class Letter:
 class DeadLetters:
     """Dead letters being written or waiting to be written again. Owned by the controller."""
 
-    __slots__ = ("_group", "_ids", "_topic", "_trace_id", "sending", "waiting")
+    __slots__ = ("_group", "_topic", "_trace_id", "sending", "waiting")
 
     def __init__(
         self,
@@ -71,8 +70,6 @@ class DeadLetters:
         self._group = group
         #: The trace id of a record's processing (telemetry), for the ``pc.dlq.trace.id`` header.
         self._trace_id = trace_id
-        #: Negative batch ids: never those of handler calls (which count up from 1).
-        self._ids = itertools.count(-1, -1)
         #: Batch id -> letter, while its write is on its way (or held back by the gate).
         self.sending: dict[int, Letter] = {}
         #: id(item) -> letter, while the record waits in the retry queue for another write.
@@ -81,8 +78,9 @@ class DeadLetters:
     def topic_for(self, tp: TopicPartition) -> str:
         return self._topic or default_topic(tp[0])
 
-    def start(self, letter: Letter, now: float) -> tuple[Batch, ProducerRecord]:
-        """The one-record call that writes ``letter`` (its batch id is negative)."""
+    def start(self, letter: Letter, batch_id: int, now: float) -> tuple[Batch, ProducerRecord]:
+        """The one-record write of ``letter``, as write ``batch_id`` (an id of the in-flight
+        table's, so that the producer's reports never mix it up with a handler call's)."""
         item = letter.item
         message = item.message
         kind, millis = message.timestamp()
@@ -104,7 +102,7 @@ class DeadLetters:
         record = ProducerRecord(
             self.topic_for(item.tp), message.value(), message.key(), list(headers)
         )
-        batch = Batch(next(self._ids), (item,), now)
+        batch = Batch(batch_id, (item,), now)
         self.sending[batch.id] = letter
         return batch, record
 

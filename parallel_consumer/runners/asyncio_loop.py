@@ -24,7 +24,7 @@ from parallel_consumer._events import CallResult, WorkDone, WorkDoneMany
 from parallel_consumer.context import PollContext
 from parallel_consumer.errors import ConfigurationError
 from parallel_consumer.hooks import Hooks, NoHooks, active_hooks
-from parallel_consumer.runners.base import CallCancelled, Handler, not_a_result
+from parallel_consumer.runners.base import CallCancelled, Handler, RunnerFeatures, not_a_result
 
 __all__ = ["AsyncioRunner"]
 
@@ -113,6 +113,11 @@ class AsyncioRunner:
 
     def submit(self, batch: int, context: PollContext) -> None:
         self.submit_many(((batch, context),))
+
+    @property
+    def features(self) -> RunnerFeatures:
+        """Many single calls at once; no chunks (a task per call needs no hand-over batching)."""
+        return RunnerFeatures(many=self)
 
     def submit_many(self, calls: Iterable[tuple[int, PollContext]]) -> None:
         """:meth:`submit` for each of ``calls``, in order, with one take of the lock."""

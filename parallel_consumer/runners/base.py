@@ -15,14 +15,16 @@ The contract every runner keeps:
 - a call taken back by :meth:`Runner.cancel_queued` or dropped by :meth:`Runner.stop` before it
   started never starts and never reports.
 
-Optional capabilities, which the controller looks for by name and uses only if present (the
-thread runner has them all; see docs/performance.md): ``submit_chunk`` and ``release_stuck``
-(adaptive dispatch), ``submit_run`` with ``runs`` (runs of very short calls), and
-``submit_chain`` with ``take_back_chain`` (chains: a lane's next records on the worker of the
-record before them, whose calls not started come back in ``WorkDoneMany.unstarted``),
-``take_finished`` (the finished calls of a chunk, reported early for a revoke's final commit:
-bundles, chunks of long calls), and ``submit_many`` (single calls of one dispatch pass handed
-over at once, in order; the asyncio runner has it).
+Optional capabilities are declared once, as a frozen :class:`RunnerFeatures` value (the
+``features`` property): each names the runner itself as a typed sub-protocol, or None. The
+controller reads it once at start; it never probes a runner for methods. The thread runner has
+them all (see docs/performance.md): :class:`ChunkRunner` (adaptive dispatch: ``submit_chunk``,
+``release_stuck`` and ``take_finished``, the finished calls of a chunk reported early for a
+revoke's final commit), :class:`RunRunner` (runs of very short calls), :class:`ChainRunner`
+(a lane's next records on the worker of the record before them, whose calls not started come
+back in ``WorkDoneMany.unstarted``), :class:`ManyRunner` (single calls of one dispatch pass
+handed over at once, in order; the asyncio runner has it) and ``running`` (whether a call has
+started).
 """
 
 from __future__ import annotations
@@ -30,14 +32,29 @@ from __future__ import annotations
 import functools
 import inspect
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from parallel_consumer._events import WorkDone
+from parallel_consumer._events import CallResult, WorkDone, WorkDoneMany
 from parallel_consumer.context import PollContext
 from parallel_consumer.errors import ParallelConsumerError
+from parallel_consumer.work.runs import Run
 
-__all__ = ["CallCancelled", "Handler", "HandlerKind", "Runner", "handler_kind", "not_a_result"]
+__all__ = [
+    "NO_FEATURES",
+    "CallCancelled",
+    "ChainRunner",
+    "ChunkRunner",
+    "Handler",
+    "HandlerKind",
+    "ManyRunner",
+    "RunRunner",
+    "Runner",
+    "RunnerFeatures",
+    "handler_kind",
+    "not_a_result",
+]
 
 #: A plain function for the thread and process runners; an ``async def`` function (returning an
 #: awaitable) for the asyncio runner.
@@ -95,6 +112,68 @@ class Runner(Protocol):
         running; such calls report :class:`CallCancelled`). False if some did not end in
         time."""
         ...
+
+    @property
+    def features(self) -> RunnerFeatures:
+        """What the runner can do beyond single calls (decided once, read once at start)."""
+        ...
+
+
+#: A handler call: its batch id and the context of its records.
+Call = tuple[int, PollContext]
+
+
+class ChunkRunner(Protocol):
+    """Runs chunks: calls one after another on one worker, reported together."""
+
+    def submit_chunk(self, calls: list[Call]) -> None: ...
+
+    def release_stuck(self, older_than: float, report: Callable[[WorkDoneMany], None]) -> int:
+        """Hand the calls not started of chunks running for longer than ``older_than`` to
+        other workers; report their finished calls through ``report``. How many moved."""
+        ...
+
+    def take_finished(self, first: int) -> list[CallResult]:
+        """The finished, unreported calls of chunk ``first`` (the id of its first call)."""
+        ...
+
+
+class RunRunner(Protocol):
+    """Runs runs (work/runs.py): a partition's records in offset order on one worker."""
+
+    def submit_run(self, run: Run) -> None: ...
+
+
+class ChainRunner(Protocol):
+    """Runs chains: a lane's records one after another, each once the one before succeeded."""
+
+    def submit_chain(self, calls: list[Call]) -> None: ...
+
+    def take_back_chain(self, chain: int) -> tuple[list[CallResult], list[int]]: ...
+
+
+class ManyRunner(Protocol):
+    """Takes the single calls of one dispatch pass at once, in order."""
+
+    def submit_many(self, calls: Iterable[Call]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerFeatures:
+    """A runner's capabilities beyond :class:`Runner`, each the runner as a typed view (or
+    None): decided once by the runner, read once by the controller at start."""
+
+    chunks: ChunkRunner | None = None
+    runs: RunRunner | None = None
+    chains: ChainRunner | None = None
+    many: ManyRunner | None = None
+    #: Whether call ``batch`` has started (on_stall=DEAD_LETTER leaves alone a call that waits
+    #: for a worker); None: the runner cannot tell.
+    running: Callable[[int], bool] | None = None
+
+
+#: A runner with no capability beyond single calls.
+NO_FEATURES = RunnerFeatures()
 
 
 def handler_kind(handler: Callable[..., object]) -> HandlerKind:

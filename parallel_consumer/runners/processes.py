@@ -46,7 +46,7 @@ from parallel_consumer.runners._process_worker import (
     unpack_result,
     worker_main,
 )
-from parallel_consumer.runners.base import CallCancelled, Handler
+from parallel_consumer.runners.base import NO_FEATURES, CallCancelled, Handler, RunnerFeatures
 
 __all__ = [
     "DetachedRecord",
@@ -195,6 +195,9 @@ class ProcessRunner:
             _terminate(worker)
             _close(worker)
         self._close_wake()
+
+    #: Single calls only.
+    features: RunnerFeatures = NO_FEATURES
 
     def submit(self, batch: int, context: PollContext) -> None:
         with self._lock:

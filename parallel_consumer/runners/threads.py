@@ -14,7 +14,7 @@ from parallel_consumer._events import CallResult, RunDone, WorkDone, WorkDoneMan
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.hooks import Hooks, NoHooks, active_hooks
 from parallel_consumer.produce import ProducerRecord, outputs_of
-from parallel_consumer.runners.base import CallCancelled, Handler, not_a_result
+from parallel_consumer.runners.base import CallCancelled, Handler, RunnerFeatures, not_a_result
 from parallel_consumer.work.runs import Run, drain_left
 
 __all__ = ["ThreadRunner"]
@@ -150,6 +150,16 @@ class ThreadRunner:
     def runs(self) -> bool:
         """Whether :meth:`submit_run` may be used: a run calls no per-call hook."""
         return self._on_call_start is None and self._on_call_end is None
+
+    @property
+    def features(self) -> RunnerFeatures:
+        """Chunks, chains and ``running``; runs unless per-call hooks are set."""
+        return RunnerFeatures(
+            chunks=self,
+            runs=self if self.runs else None,
+            chains=self,
+            running=self.running,
+        )
 
     def submit_run(self, run: Run) -> None:
         """Run ``run``'s records one after another on one worker, in offset order, and report

@@ -57,6 +57,10 @@ class InFlight:
         self.records += len(items)
         return batch
 
+    def new_id(self) -> int:
+        """An id no call has, for a write that is no handler call (a dead letter's)."""
+        return next(self._ids)
+
     def pop(self, batch_id: int) -> Batch | None:
         """Remove and return a batch; None if it is not (or no longer) in flight."""
         batch = self._batches.pop(batch_id, None)

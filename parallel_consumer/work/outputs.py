@@ -26,6 +26,8 @@ class Pending:
     #: The call failed some records with ``PollContext.fail``: their outcomes once the
     #: outputs are acknowledged (None: every record succeeds then).
     errors: Sequence[BaseException | None] | None = None
+    #: A dead letter's write (engine/letters.py), not a handler call's outputs.
+    letter: bool = False
 
 
 class RunOutputs:

@@ -40,7 +40,6 @@ from parallel_consumer._events import (
 )
 from parallel_consumer.context import PollContext
 from parallel_consumer.dead_letter import read_dead_letter
-from parallel_consumer.engine import controller as controller_module
 from parallel_consumer.engine.controller import Controller
 from parallel_consumer.engine.letters import DeadLetters
 from parallel_consumer.errors import ProduceError
@@ -48,8 +47,10 @@ from parallel_consumer.kafka.committers import ConsumerCommitter
 from parallel_consumer.offsets import decode_offset_map
 from parallel_consumer.options import Options, ProcessingOrder
 from parallel_consumer.produce import ProducerRecord
+from parallel_consumer.runners.base import RunnerFeatures
 from parallel_consumer.status import PollerStatistics
 from parallel_consumer.testing.clock import FakeClock
+from parallel_consumer.work import sizing
 from parallel_consumer.work.commit_tracker import CommitAnswer
 from parallel_consumer.work.credit import Credit
 from parallel_consumer.work.runs import Run
@@ -76,6 +77,13 @@ class FakeRunner:
 
     #: The thread runner's answer (runs need no per-call hooks).
     runs = True
+
+    @property
+    def features(self) -> RunnerFeatures:
+        return RunnerFeatures(chunks=self, runs=self)
+
+    def take_finished(self, first: int) -> list[Any]:
+        return []
 
     def submit_run(self, run: Run) -> None:
         self.runs_handed_out += 1
@@ -141,6 +149,10 @@ class FakeChainRunner(FakeRunner):
         #: one), "results": results not reported yet}.
         self.chains: list[dict[str, list[Any]]] = []
         self.chains_handed_out = 0
+
+    @property
+    def features(self) -> RunnerFeatures:
+        return RunnerFeatures(chunks=self, runs=self, chains=self)
 
     def submit_chain(self, calls: list[tuple[int, PollContext]]) -> None:
         self.chains_handed_out += 1
@@ -214,7 +226,7 @@ class FakeOutputs:
         self._sending(None, run, list(outputs), list(owners))
 
     def send(self, batch: int, outputs: list[Any]) -> None:
-        if batch > 0:
+        if outputs[0].topic != "dlq":  # (a call's outputs, not a dead letter)
             self._sending(batch, None, list(outputs), [0] * len(outputs))
             return
         [record] = outputs
@@ -321,7 +333,7 @@ class ControllerMachine(RuleBasedStateMachine):
             clock=self.clock,
         )
         # (the time per call follows real time; here the machine's clock)
-        self.controller._service_clock = self.clock.monotonic
+        self.controller.dispatch.service_clock = self.clock.monotonic
         self.outputs = FakeOutputs(lambda tp: self.epoch.get(tp))
         self.controller.start(
             lambda ctx: None,
@@ -334,15 +346,15 @@ class ControllerMachine(RuleBasedStateMachine):
             # Calls of a millisecond from the start: lanes go out in chains, and calls in
             # bundles when many records are ready (here: as many as the bundles would hold,
             # not twice that, so that the few records of the machine make bundles often).
-            self.controller._observe_service(0.002)
-            self.controller._bundle_ready = 1
+            self.controller.dispatch.observe_service(0.002)
+            self.controller.dispatch.bundle_ready = 1
         elif self.batch_size == 1:
             # Calls measured short from the start: the controller hands out runs at once (a
             # slow completion, took=1.0, sends it back to the lanes, a fast one to runs).
-            self.controller._observe_service(1e-6)
+            self.controller.dispatch.observe_service(1e-6)
         #: The largest chunk size the controller used so far (calls dispatched under it may
         #: still be in flight after it shrank).
-        self.chunked = self.controller.chunk_size
+        self.chunked = self.controller.dispatch.chunk_size
         self.log: dict[tuple[str, int], list[bytes | None]] = {tp: [] for tp in TPS}
         self.position: dict[tuple[str, int], int] = {}
         self.epoch: dict[tuple[str, int], int] = {}
@@ -409,7 +421,7 @@ class ControllerMachine(RuleBasedStateMachine):
 
     def overrun(self, batch: int) -> bool:
         """The call ran past its deadline: its records went on without it."""
-        return batch in self.controller._deadlines._overruns
+        return batch in self.controller.dispatch.deadlines._overruns
 
     def store(self, tp: tuple[str, int], offset: int, metadata: str) -> None:
         previous = self.committed.get(tp)
@@ -605,13 +617,13 @@ class ControllerMachine(RuleBasedStateMachine):
             self.controller.post(WorkDoneMany(results, 0.002))
             self.step()
 
-    @precondition(lambda self: self.controller._runs.active)
+    @precondition(lambda self: self.controller.runs.runs.active)
     @rule(index=st.integers(min_value=0))
     def detach_run(self, index: int) -> None:
         """The controller's stuck check finds a run whose call takes long: the run is
         detached (its records not started go to the lanes)."""
-        active = list(self.controller._runs.active.values())
-        self.controller._detach_run(active[index % len(active)], drop=False)
+        active = list(self.controller.runs.runs.active.values())
+        self.controller.runs.detach(active[index % len(active)], drop=False)
         self.step()
 
     @precondition(lambda self: self.outputs.sent)
@@ -708,8 +720,8 @@ class ControllerMachine(RuleBasedStateMachine):
         most 1.6x per window."""
         took = {"slow": 1.0, "fast": 1e-6, "millisecond": 0.002}[speed]
         for _ in range(12):
-            self.clock.advance(controller_module.STUCK_CHECK_EVERY)
-            self.controller._observe_service(took)
+            self.clock.advance(sizing.STUCK_CHECK_EVERY)
+            self.controller.dispatch.observe_service(took)
         self.step()
 
     @rule(seconds=st.sampled_from([0.1, 0.5, 1.0, 2.0]))
@@ -811,11 +823,11 @@ class ControllerMachine(RuleBasedStateMachine):
         # Adaptive dispatch (no deadlines): a chunk of calls per worker and backlog slot, run
         # one after another on that worker, never two at once.
         backlog = self.runner.backlog if self.processing_timeout is None else 0
-        self.chunked = max(self.chunked, self.controller.chunk_size)
+        self.chunked = max(self.chunked, self.controller.dispatch.chunk_size)
         # A chain takes one worker (or backlog slot), whatever its length; so does a bundle.
         chains = len(getattr(self.runner, "chains", ()))
         # A bundle (a chunk of long calls) too: its calls beyond the first hold no worker.
-        bundles = self.controller._bundles
+        bundles = self.controller.dispatch.bundles
         calls = len(self.runner.calls) - bundles.extra
         assert calls + chains <= (self.runner.capacity + backlog) * self.chunked
         assert bundles.extra >= 0

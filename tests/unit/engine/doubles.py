@@ -11,6 +11,7 @@ from parallel_consumer.context import PollContext
 from parallel_consumer.engine.controller import Controller
 from parallel_consumer.hooks import NoHooks
 from parallel_consumer.kafka.committers import ConsumerCommitter
+from parallel_consumer.runners.base import NO_FEATURES, RunnerFeatures
 from parallel_consumer.status import PollerStatistics
 from parallel_consumer.testing.clock import FakeClock
 from parallel_consumer.work.commit_tracker import CommitAnswer
@@ -37,6 +38,7 @@ class StuckPoller:
 class IdleRunner:
     capacity = 1
     backlog = 1
+    features = NO_FEATURES
 
     def start(self, handler: Any, done: Any) -> None:
         pass
@@ -60,6 +62,10 @@ class RunTaker:
 
     def __init__(self) -> None:
         self.taken: list[object] = []
+
+    @property
+    def features(self) -> RunnerFeatures:
+        return RunnerFeatures(chunks=self, runs=self if self.runs else None)
 
     def start(self, handler: object, done: object) -> None:
         pass
@@ -95,6 +101,10 @@ class ChainTaker:
         self.chains: list[list[tuple[int, PollContext]]] = []
         self.singles: list[tuple[int, PollContext]] = []
 
+    @property
+    def features(self) -> RunnerFeatures:
+        return RunnerFeatures(chunks=self, chains=self)
+
     def start(self, handler: object, done: object) -> None:
         pass
 
@@ -109,6 +119,9 @@ class ChainTaker:
 
     def take_back_chain(self, chain: int) -> tuple[list[object], list[int]]:
         return [], []
+
+    def take_finished(self, first: int) -> list[object]:
+        return []
 
     def release_stuck(self, after: float, report: object) -> int:
         return 0
@@ -143,6 +156,13 @@ class BundleTaker:
     def __init__(self) -> None:
         self.singles: list[tuple[int, PollContext]] = []
         self.chunks: list[list[tuple[int, PollContext]]] = []
+
+    @property
+    def features(self) -> RunnerFeatures:
+        return RunnerFeatures(chunks=self)
+
+    def take_finished(self, first: int) -> list[object]:
+        return []
 
     def start(self, handler: object, done: object) -> None:
         pass

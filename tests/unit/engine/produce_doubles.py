@@ -32,6 +32,12 @@ def outputs(cluster) -> list:
     return [m for p in cluster._logs["out"] for m in list(p)]
 
 
+def is_letter(outputs: list) -> bool:
+    """Whether ``outputs`` (of one write) is a dead letter: it goes to the dead-letter topic
+    (``dlq``, see :func:`engine`)."""
+    return bool(outputs) and outputs[0].topic == "dlq"
+
+
 class FakeOutputs:
     """Records what the controller sends; the test reports deliveries."""
 
@@ -104,7 +110,7 @@ def engine(
     controller = stepped_controller(
         FakeClock(), hooks, options=options, runner=runner, outputs=sent, **extra
     )
-    controller._observe_service(1e-6)
+    controller.dispatch.observe_service(1e-6)
     controller.run_once(block=False)
     return controller, runner, sent
 

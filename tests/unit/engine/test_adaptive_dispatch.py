@@ -8,7 +8,7 @@ import time
 from collections import defaultdict
 
 from parallel_consumer import Options, PollContext, ProcessingOrder
-from parallel_consumer.engine.controller import ADAPTIVE_DISPATCH
+from parallel_consumer.work.sizing import ADAPTIVE_DISPATCH
 
 
 def produce_keyed(cluster, n: int, keys: int, partitions: int = 4) -> None:

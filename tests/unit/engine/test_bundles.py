@@ -39,7 +39,7 @@ def stepped(
         options=Options(commit_interval=1000, **options),  # type: ignore[arg-type]
         runner=runner,
     )
-    controller._observe_service(service)
+    controller.dispatch.observe_service(service)
     messages = [
         Message(topic="t", partition=0, offset=o, key=b"k%d" % (o % keys if keys else o))
         for o in range(records)
@@ -56,7 +56,7 @@ def test_many_ready_records_of_milliseconds_go_out_in_bundles_that_hold_one_work
     # Then each slot got a bundle of 4, and the engine counts 5 workers held
     assert [len(chunk) for chunk in runner.chunks] == [4] * 5
     assert not runner.singles
-    assert len(controller.ledger.in_flight) - controller._bundles.extra == 5
+    assert len(controller.ledger.in_flight) - controller.dispatch.bundles.extra == 5
     assert controller.statistics().bundles == 5
     # And in offset order, each offset once
     offsets = [ctx.offset for chunk in runner.chunks for _, ctx in chunk]
@@ -72,8 +72,8 @@ def test_a_bundle_that_reports_frees_its_worker_for_the_next_one():
     controller.run_once(block=False)
     # One bundle ended: one more went out; nothing of the first is counted any more
     assert len(runner.chunks) == 6
-    assert len(controller.ledger.in_flight) - controller._bundles.extra == 5
-    assert not any(batch in controller._bundles for batch, _ in first)
+    assert len(controller.ledger.in_flight) - controller.dispatch.bundles.extra == 5
+    assert not any(batch in controller.dispatch.bundles for batch, _ in first)
 
 
 def test_a_bundle_call_reported_alone_leaves_its_bundle():
@@ -84,10 +84,10 @@ def test_a_bundle_call_reported_alone_leaves_its_bundle():
     for batch, _ in first[1:]:
         controller.post(WorkDone(batch, (None,), None, clock.monotonic(), took=0.003))
     controller.run_once(block=False)
-    assert controller._bundles.extra == 4 * 3  # the 4 other bundles' extra calls
+    assert controller.dispatch.bundles.extra == 4 * 3  # the 4 other bundles' extra calls
     controller.post(WorkDone(first[0][0], (None,), None, clock.monotonic(), took=0.003))
     controller.run_once(block=False)
-    assert len(controller.ledger.in_flight) - controller._bundles.extra == 5
+    assert len(controller.ledger.in_flight) - controller.dispatch.bundles.extra == 5
 
 
 def test_records_for_fewer_than_two_full_bundles_per_worker_go_out_one_by_one():
@@ -122,11 +122,11 @@ def test_no_bundles_when_the_buffer_is_too_small_for_them():
     controller, _, _ = stepped(
         0.003, 9, ordering=ProcessingOrder.UNORDERED, max_concurrency=4, max_buffered_records=9
     )
-    assert not controller._bundles_on
+    assert not controller.dispatch.modes.bundles
     controller, _, _ = stepped(
         0.003, 9, ordering=ProcessingOrder.UNORDERED, max_concurrency=4, max_buffered_records=20
     )
-    assert controller._bundles_on
+    assert controller.dispatch.modes.bundles
 
 
 def test_in_key_order_a_bundle_holds_at_most_one_record_of_a_lane():
@@ -158,13 +158,13 @@ def test_a_bundled_call_is_timed_from_the_end_of_the_call_before_it():
 
 def test_calls_of_bundles_given_back_on_close_leave_no_worker_held():
     controller, _, _ = stepped(0.003, 100, ordering=ProcessingOrder.UNORDERED)
-    assert controller._bundles
+    assert controller.dispatch.bundles
     controller.post(Control("close", Future(), drain=False, timeout=1.0))
     for _ in range(5):
         controller.run_once(block=False)
-    assert not controller._bundles
-    assert controller._bundles.extra == 0
-    assert not controller._bundles.by_tp
+    assert not controller.dispatch.bundles
+    assert controller.dispatch.bundles.extra == 0
+    assert not controller.dispatch.bundles.by_tp
 
 
 # -- the engine on the in-memory cluster, with the real thread runner ----------------------------

@@ -110,7 +110,7 @@ def test_a_chained_call_is_timed_from_the_end_of_the_call_before_it():
     hooks = Durations()
     options = Options(ordering=ProcessingOrder.PARTITION, commit_interval=1000)
     controller = stepped_controller(clock, hooks, options=options, runner=runner)
-    controller._observe_service(0.002)  # calls of 2 ms: chains
+    controller.dispatch.observe_service(0.002)  # calls of 2 ms: chains
     tp = ("t", 0)
     messages = [Message(topic="t", partition=0, offset=o, key=b"k") for o in range(3)]
     controller.post(RecordsPolled({tp: (1, messages)}))

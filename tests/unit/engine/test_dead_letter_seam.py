@@ -1,4 +1,4 @@
-"""Controller._dead_letter_now, the seam other policies (on_stall=DEAD_LETTER) call: a record
+"""Delivery.dead_letter, the seam other policies (on_stall=DEAD_LETTER) call: a record
 waiting for its retry is taken out of the retry queue, dead-lettered, and committed only once
 the write is acknowledged. The controller is stepped by hand (no controller thread)."""
 
@@ -84,7 +84,7 @@ def test_a_record_waiting_for_its_retry_is_dead_lettered_and_then_committed(step
     [item] = [entry[2] for entry in controller.ledger.retries._heap]
 
     # When a policy dead-letters it now
-    controller._dead_letter_now(item, item.last_failure, dl.Reason.STALLED)
+    controller.delivery.dead_letter(item, item.last_failure, dl.Reason.STALLED)
 
     # Then it leaves the retry queue at once and is done once the write is acknowledged
     assert controller.statistics().retry_waiting == 0
@@ -118,7 +118,7 @@ def test_a_failed_write_of_a_dead_letter_now_keeps_the_record_incomplete(stepped
     [item] = [entry[2] for entry in controller.ledger.retries._heap]
     cluster.delete_topic("t.dlq")
 
-    controller._dead_letter_now(item, item.last_failure, dl.Reason.STALLED)
+    controller.delivery.dead_letter(item, item.last_failure, dl.Reason.STALLED)
 
     _step_until(controller, lambda: controller.statistics().dead_letter_failures == 1)
     stats = controller.statistics()

@@ -177,7 +177,7 @@ def _stepped_key_controller(keys: int, per_key: int):
     runner = Runner()
     options = Options(ordering=ProcessingOrder.KEY, max_concurrency=16, commit_interval=1000)
     controller = stepped_controller(FakeClock(), options=options, runner=runner)
-    controller._observe_service(0.002)  # calls of 2 ms: chains, and the longest lanes first
+    controller.dispatch.observe_service(0.002)  # calls of 2 ms: chains, and the longest lanes first
     messages = [
         Message(topic="t", partition=0, offset=o, key=b"k%d" % (o % keys))
         for o in range(keys * per_key)

@@ -22,6 +22,7 @@ from produce_doubles import (
     FakeOutputs,
     Taker,
     engine,
+    is_letter,
     messages,
     new_runs,
     out,
@@ -29,7 +30,6 @@ from produce_doubles import (
     released,
 )
 
-import parallel_consumer.engine.controller as controller_module
 from parallel_consumer import (
     CommitMode,
     DeadLetter,
@@ -48,9 +48,11 @@ from parallel_consumer._events import (
     RunDone,
     WorkDone,
 )
+from parallel_consumer.engine.runs import RunDispatch
 from parallel_consumer.hooks import NoHooks
 from parallel_consumer.kafka.producer import Outputs
 from parallel_consumer.testing.clock import FakeClock
+from parallel_consumer.work import sizing
 
 # -- stepped by hand: the test plays the worker and the producer ------------------------------
 
@@ -143,7 +145,9 @@ def test_ctx_fail_in_a_run_produces_then_fails_once(ordering, kind, returns):
         controller.post(OutputsDelivered(((batch, ((0, 0),)),), ((sent.runs[0][0], None),)))
         controller.run_once(block=False)
     else:
-        assert not [b for b, _ in sent.calls if b > 0]  # (a dead letter may be on its way)
+        assert not [
+            b for b, o in sent.calls if not is_letter(o)
+        ]  # (a dead letter may be on its way)
         controller.post(OutputsDelivered((), ((sent.runs[0][0], None),)))
         controller.run_once(block=False)
     expected = {
@@ -153,7 +157,7 @@ def test_ctx_fail_in_a_run_produces_then_fails_once(ordering, kind, returns):
     }[kind]
     assert dict(hooks.seen) == expected
     if kind == "dead_letter":
-        letters = [(b, o) for b, o in sent.calls if b < 0]
+        letters = [(b, o) for b, o in sent.calls if is_letter(o)]
         assert len(letters) == 1
         controller.post(OutputsDelivered(((letters[0][0], ((0, 0),)),)))
         controller.run_once(block=False)
@@ -161,7 +165,7 @@ def test_ctx_fail_in_a_run_produces_then_fails_once(ordering, kind, returns):
     # finish everything still out: calls of the lanes succeed with their output
     done_calls: set = set()
     for _ in range(10):
-        calls = [(b, tuple((0, 0) for _ in o)) for b, o in sent.calls if b > 0]
+        calls = [(b, tuple((0, 0) for _ in o)) for b, o in sent.calls if not is_letter(o)]
         runs = [(r, None) for r, _, _ in sent.runs]
         sent.calls.clear()
         sent.runs.clear()
@@ -243,14 +247,14 @@ def test_ctx_fail_in_a_detached_run_adopted_call():
     run.outputs.append(out(msgs[0]))
     run.done = 1
     run.pending.popleft()  # b1 started
-    controller._detach_run(run, drop=False)
+    controller.runs.detach(run, drop=False)
     assert run.adopted is not None
     controller.run_once(block=False)
     assert len(sent.runs) == 1  # a0's output
     run.outputs.append(out(msgs[1]))  # b1 returned an output and failed its record
     controller.post(RunDone(run, 1, RuntimeError("x"), controller._clock.monotonic(), 1e-6))
     controller.run_once(block=False)
-    calls = [(b, o) for b, o in sent.calls if b > 0]
+    calls = [(b, o) for b, o in sent.calls if not is_letter(o)]
     assert len(calls) == 1
     assert calls[0][1] == [out(msgs[1])]
     assert not hooks.seen
@@ -260,7 +264,7 @@ def test_ctx_fail_in_a_detached_run_adopted_call():
     assert dict(hooks.seen) == {("failure", 1): 1, ("retry", 1): 1}
     # c2 (its lane) and b1's retry (retry_delay=0) are single calls now
     assert sorted(i.offset for b in controller.ledger.in_flight for i in b.items) == [1, 2]
-    assert not controller._adopted
+    assert not controller.runs.adopted
 
 
 @pytest.mark.parametrize("interval", [None, 0.0])
@@ -276,14 +280,14 @@ def test_metrics_sample_a_failed_call_of_a_run_once(interval):
     sent = FakeOutputs()
     options = Options(ordering=ProcessingOrder.KEY, commit_interval=60, retry_delay=0)
     controller = stepped_controller(FakeClock(), options=options, runner=runner, outputs=sent)
-    controller._sampling = CallSampling(
+    controller.dispatch.sampling = CallSampling(
         interval,
         10.0,
         lambda records, errors, took, periodic: samples.append(
             ([m.offset() for m in records], took, periodic)
         ),
     )
-    controller._observe_service(1e-6)
+    controller.dispatch.observe_service(1e-6)
     controller.run_once(block=False)
     seen: set = set()
     msgs = messages("ab")
@@ -429,7 +433,7 @@ FAILED_IN_RUNS: Counter = Counter()
 def count_failed_calls_in_runs(monkeypatch):
     """Counts runs that ended in a call that failed its record with PollContext.fail and
     returned a value (the path of 9162125), to show the comparison exercised it."""
-    original = controller_module.Controller._on_run_done
+    original = RunDispatch.on_run_done
 
     def spy(self, event):
         run = event.run
@@ -438,7 +442,7 @@ def count_failed_calls_in_runs(monkeypatch):
         return original(self, event)
 
     FAILED_IN_RUNS.clear()
-    monkeypatch.setattr(controller_module.Controller, "_on_run_done", spy)
+    monkeypatch.setattr(RunDispatch, "on_run_done", spy)
 
 
 def run_scenario(harness, cluster, wait_until, *, ordering, transactional) -> dict:
@@ -521,7 +525,7 @@ def test_ctx_fail_variants_in_runs_match_runs_off(
     from parallel_consumer.testing.fakes import FakeCluster
 
     harness.close_all()
-    monkeypatch.setattr(controller_module, "RUNS", False)
+    monkeypatch.setattr(sizing, "RUNS", False)
     other_cluster = FakeCluster()
     other = type(harness)(other_cluster)  # (not imported: conftest names collide)
     try:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -21,11 +22,12 @@ from parallel_consumer._events import (
     WorkDone,
     WorkDoneMany,
 )
-from parallel_consumer.engine import controller as controller_module
 from parallel_consumer.engine.controller import Controller
 from parallel_consumer.kafka.committers import ConsumerCommitter
+from parallel_consumer.runners.base import RunnerFeatures
 from parallel_consumer.runners.threads import ThreadRunner
 from parallel_consumer.testing.clock import FakeClock
+from parallel_consumer.work import sizing
 
 TP = ("t", 0)
 T_0, T_1 = ("t", 0), ("t", 1)
@@ -44,6 +46,10 @@ class Taker(BundleTaker):
     def take_back_chain(self, chain: int) -> tuple[list[object], list[int]]:
         return [], []
 
+    @property
+    def features(self) -> RunnerFeatures:
+        return RunnerFeatures(chunks=self, chains=self)
+
 
 def test_a_bundle_left_open_by_chains_does_not_lend_its_reserve_to_them():
     """KEY order, calls of 3 ms, 100 ready lanes (> LONGEST_FIRST_LANES x slots: plain take):
@@ -56,9 +62,9 @@ def test_a_bundle_left_open_by_chains_does_not_lend_its_reserve_to_them():
         options=Options(ordering=ProcessingOrder.KEY, max_concurrency=4, commit_interval=1000),
         runner=runner,
     )
-    assert controller._chains_on
-    assert controller._bundles_on
-    controller._observe_service(0.003)
+    assert controller.dispatch.modes.chains
+    assert controller.dispatch.modes.bundles
+    controller.dispatch.observe_service(0.003)
     messages = [Message(topic="t", partition=0, offset=0, key=b"single")]
     offset = 1
     for _ in range(2):
@@ -68,10 +74,14 @@ def test_a_bundle_left_open_by_chains_does_not_lend_its_reserve_to_them():
     controller.post(RecordsPolled({TP: (1, messages)}))
     controller.run_once(block=False)
     handed = len(runner.singles) + len(runner.chunks) + len(runner.chains)
-    held = len(controller.ledger.in_flight) - controller._chains.extra - controller._bundles.extra
+    held = (
+        len(controller.ledger.in_flight)
+        - controller.dispatch.chains.extra
+        - controller.dispatch.bundles.extra
+    )
     assert held == handed
-    assert handed <= controller._call_limit(), (
-        f"{handed} workers handed out for a call limit of {controller._call_limit()}: "
+    assert handed <= controller.dispatch.call_limit(), (
+        f"{handed} workers handed out for a call limit of {controller.dispatch.call_limit()}: "
         f"{len(runner.singles)} singles, {len(runner.chunks)} bundles, {len(runner.chains)} chains"
     )
 
@@ -113,7 +123,7 @@ def test_revoke_final_commit_covers_a_call_that_finished_before_it(monkeypatch, 
     (or the stuck check): the final commit leaves it out and the next owner runs it again.
     Chains and runs settle their finished calls on revoke (_recall_chains, _settle_run);
     bundles do not."""
-    monkeypatch.setattr(controller_module, "BUNDLES", bundles)
+    monkeypatch.setattr(sizing, "BUNDLES", bundles)
     entered = threading.Event()
     release = threading.Event()
 
@@ -129,7 +139,7 @@ def test_revoke_final_commit_covers_a_call_that_finished_before_it(monkeypatch, 
     )
     try:
         controller.run_once(block=False)
-        controller._observe_service(0.003)
+        controller.dispatch.observe_service(0.003)
         messages = [Message(topic="t", partition=0, offset=o, key=b"k%d" % o) for o in range(40)]
         controller.post(RecordsPolled({TP: (1, messages)}))
         controller.run_once(block=False)
@@ -169,7 +179,7 @@ def test_a_bundle_call_run_by_another_worker_is_timed_as_the_call_itself():
         options=Options(ordering=ProcessingOrder.UNORDERED, commit_interval=1000),
         runner=runner,
     )
-    controller._observe_service(0.003)
+    controller.dispatch.observe_service(0.003)
     messages = [Message(topic="t", partition=0, offset=o, key=b"k%d" % o) for o in range(100)]
     controller.post(RecordsPolled({TP: (1, messages)}))
     controller.run_once(block=False)
@@ -198,7 +208,7 @@ def test_bundled_records_count_as_their_own_partitions_backlog_with_batches():
     )
     controller.post(PartitionsAssigned((Assignment(("t", 1), 1, None, None),)))
     controller.run_once(block=False)
-    controller._observe_service(0.003)
+    controller.dispatch.observe_service(0.003)
     batches = {
         tp: (1, [Message(topic="t", partition=tp[1], offset=o, key=None) for o in range(200)])
         for tp in (("t", 0), ("t", 1))
@@ -212,7 +222,7 @@ def test_bundled_records_count_as_their_own_partitions_backlog_with_batches():
             for r in ctx.records:
                 tp = (r.topic, r.partition)
                 in_bundles[tp] = in_bundles.get(tp, 0) + 1
-    assert controller._bundles.by_tp == in_bundles
+    assert controller.dispatch.bundles.by_tp == in_bundles
 
 
 # -- minor: lanes of a revoked partition still count as ready when bundles are sized -----------
@@ -230,19 +240,20 @@ def test_revoked_lanes_do_not_make_bundles_of_the_few_lanes_left():
         options=Options(ordering=ProcessingOrder.KEY, max_concurrency=4, commit_interval=1000),
         runner=runner,
     )
-    controller._chains_on = False  # (chains or not: one record per lane here)
+    # (chains or not: one record per lane here)
+    controller.dispatch.modes = dataclasses.replace(controller.dispatch.modes, chains=False)
     controller.post(PartitionsAssigned((Assignment(("t", 1), 1, None, None),)))
     controller.run_once(block=False)
-    controller._observe_service(0.003)
+    controller.dispatch.observe_service(0.003)
     t0 = [Message(topic="t", partition=0, offset=o, key=b"a%d" % o) for o in range(100)]
     t1 = [Message(topic="t", partition=1, offset=o, key=b"b%d" % o) for o in range(8)]
     controller.post(RecordsPolled({("t", 0): (1, t0), ("t", 1): (1, t1)}))
     controller.post(PartitionsRevoked((("t", 0),), Future()))
     controller.run_once(block=False)
     handed = len(runner.singles) + len(runner.chunks)
-    assert handed == controller._call_limit(), (
+    assert handed == controller.dispatch.call_limit(), (
         f"{[len(c) for c in runner.chunks]} bundles and {len(runner.singles)} singles "
-        f"for 8 records and {controller._call_limit()} slots"
+        f"for 8 records and {controller.dispatch.call_limit()} slots"
     )
 
 
@@ -289,13 +300,13 @@ def test_records_of_a_blocked_unordered_partition_do_not_size_bundles():
     assert T_0 in controller.ledger.commits.blocked
     parked = [Message(topic="t", partition=0, offset=o) for o in range(40, 240)]
     ready = [Message(topic="t", partition=1, offset=o) for o in range(8)]
-    controller._observe_service(0.003)
+    controller.dispatch.observe_service(0.003)
     controller.post(RecordsPolled({T_0: (1, parked), T_1: (1, ready)}))
     controller.run_once(block=False)
     handed = len(runner.singles) + len(runner.chunks)
-    assert handed == min(8, controller._call_limit()), (
+    assert handed == min(8, controller.dispatch.call_limit()), (
         f"{[len(c) for c in runner.chunks]} bundles and {len(runner.singles)} singles "
-        f"for 8 runnable records and {controller._call_limit()} slots"
+        f"for 8 runnable records and {controller.dispatch.call_limit()} slots"
     )
 
 
@@ -331,13 +342,13 @@ def test_a_revoke_posted_during_the_stuck_check_commits_the_calls_it_reported():
         runner=runner,
     )
     runner.controller = controller
-    controller._observe_service(0.003)
+    controller.dispatch.observe_service(0.003)
     messages = [Message(topic="t", partition=0, offset=o, key=b"k%d" % o) for o in range(100)]
     controller.post(RecordsPolled({TP: (1, messages)}))
     controller.run_once(block=False)
     assert runner.chunks
     assert runner.chunks[0][0][1].offset == 0
-    controller._next_stuck_check = 0.0  # (the check is due)
+    controller.dispatch.next_stuck_check = 0.0  # (the check is due)
     controller.run_once(block=False)  # the stuck check
     controller.run_once(block=False)  # the revoke
     poller = controller._poller

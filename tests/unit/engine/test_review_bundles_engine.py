@@ -16,7 +16,7 @@ from parallel_consumer import Options, PollContext, ProcessingOrder, ProducerRec
 
 def settled(pc) -> bool:
     c = pc._controller
-    return not c._bundles and c._bundles.extra == 0 and not c._bundles.by_tp
+    return not c.dispatch.bundles and c.dispatch.bundles.extra == 0 and not c.dispatch.bundles.by_tp
 
 
 def test_stall_dead_letter_of_a_hung_bundled_call(harness, cluster, clock, wait_until):

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from parallel_consumer import Options, PollContext, ProcessingOrder
-from parallel_consumer.engine import controller as controller_module
+from parallel_consumer.work import sizing
 
 
 def _produce(cluster, start: int, n: int) -> None:
@@ -21,7 +21,7 @@ def _produce(cluster, start: int, n: int) -> None:
 def test_stall_dead_letter_of_a_hung_chain_call_frees_its_lane(
     harness, cluster, clock, wait_until, monkeypatch, chains
 ):
-    monkeypatch.setattr(controller_module, "CHAINS", chains)
+    monkeypatch.setattr(sizing, "CHAINS", chains)
     cluster.create_topic("t", 1)
     release = threading.Event()
     hung = threading.Event()
@@ -119,18 +119,18 @@ def test_a_stall_abandoned_call_of_a_detached_run_holds_one_slot():
         produces=False,
         dead_letters=DeadLetters(options, "g"),
     )
-    controller._observe_service(1e-6)
+    controller.dispatch.observe_service(1e-6)
     messages = [Message(topic="t", partition=0, offset=o, key=b"k%d" % o) for o in range(100)]
     controller.post(RecordsPolled({("t", 0): (1, messages)}))
     controller.run_once(block=False)
     (run,) = [task for task in runner.taken if hasattr(task, "pending")]
     run.started = 1.0
     run.pending.popleft()  # its first call (offset 0) hangs
-    controller._detach_run(run, drop=False)
-    controller.chunk_size = 1
+    controller.runs.detach(run, drop=False)
+    controller.dispatch.chunk_size = 1
     controller.run_once(block=False)
     limit = runner.capacity + runner.backlog
-    assert len(controller.ledger.in_flight) + controller._workers_in_runs() == limit
+    assert len(controller.ledger.in_flight) + controller.runs.workers_out() == limit
     # Every call but the hung one ends: the others complete
     from parallel_consumer._events import WorkDone
 
@@ -146,7 +146,7 @@ def test_a_stall_abandoned_call_of_a_detached_run_holds_one_slot():
     controller.run_once(block=False)
     assert controller.ledger.counters.partition_stalls >= 1
     assert hung not in controller.ledger.in_flight
-    held = controller._workers_in_runs() + controller._deadlines.overruns
+    held = controller.runs.workers_out() + controller.dispatch.deadlines.overruns
     assert held == 1, f"the hung call holds {held} slots of the call limit"
 
 
@@ -165,7 +165,7 @@ def test_a_failed_chain_call_reported_early_keeps_its_retry_ahead_of_the_unstart
     clock = FakeClock()
     options = Options(ordering=ProcessingOrder.PARTITION, retry_delay=0, commit_interval=1000)
     controller = stepped_controller(clock, options=options, runner=runner)
-    controller._observe_service(0.002)  # calls of 2 ms: chains of up to 10
+    controller.dispatch.observe_service(0.002)  # calls of 2 ms: chains of up to 10
     tp = ("t", 0)
     messages = [Message(topic="t", partition=0, offset=o, key=b"k") for o in range(5)]
     controller.post(RecordsPolled({tp: (1, messages)}))

@@ -172,8 +172,8 @@ def test_revoke_and_reassign_while_run_outputs_are_on_their_way_keeps_holds_and_
     controller.post(OutputsDelivered((), ((sent.runs[-1][0], None),)))
     controller.run_once(block=False)
     assert not controller.ledger.shards._held
-    assert controller._pending.records == 0
-    assert controller._runs.records_out == 0
+    assert controller.delivery.pending.records == 0
+    assert controller.runs.runs.records_out == 0
     assert released(controller) == 3 + 2 + 5
     assert controller.ledger.partitions[TP].totals.succeeded >= 5
 
@@ -227,9 +227,9 @@ def test_failed_run_output_detaches_the_run_out_and_every_record_finishes_once()
     assert state.totals.succeeded == 6
     assert not controller.ledger.shards._held
     assert not controller.ledger.in_flight
-    assert not controller._pending
-    assert controller._pending.records == 0
-    assert controller._runs.records_out == 0
+    assert not controller.delivery.pending
+    assert controller.delivery.pending.records == 0
+    assert controller.runs.runs.records_out == 0
     assert released(controller) == 6
 
 

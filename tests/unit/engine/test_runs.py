@@ -8,6 +8,7 @@ a failed or hung record, kept calls that turned slow on one worker, or started a
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import defaultdict
@@ -16,8 +17,8 @@ import pytest
 from doubles import stepped_controller
 
 from parallel_consumer import Lifecycle, Options, PollContext, ProcessingOrder
-from parallel_consumer.engine import controller as controller_module
 from parallel_consumer.testing.clock import FakeClock
+from parallel_consumer.work import sizing
 
 WARM_UP = 3_000
 
@@ -206,7 +207,7 @@ def test_close_without_drain_starts_no_call_of_a_run_after_it(
 ):
     # Given runs of short calls that are never detached, and a call, deep inside a run, that
     # closes the consumer without drain and returns once it is closing
-    monkeypatch.setattr(controller_module, "STUCK_AFTER", 60.0)
+    monkeypatch.setattr(sizing, "STUCK_AFTER", 60.0)
     closing = threading.Event()
     late: list[int] = []
     calls = [0]
@@ -241,7 +242,7 @@ def test_statistics_count_the_records_of_a_run_as_in_flight(
     harness, cluster, wait_until, monkeypatch, ordering
 ):
     # Given a run whose call hangs (never detached), deep in a partition of 8,000 records
-    monkeypatch.setattr(controller_module, "STUCK_AFTER", 60.0)
+    monkeypatch.setattr(sizing, "STUCK_AFTER", 60.0)
     release = threading.Event()
     entered = threading.Event()
     hang_at = WARM_UP + 500
@@ -282,26 +283,29 @@ def test_a_process_pause_does_not_end_the_fast_path():
     calls for slow ones, while calls that really turned slow still end the fast path."""
     clock = FakeClock()
     controller = stepped_controller(clock)
-    controller._chunks = True  # a runner that takes chunks and runs
-    controller._service_clock = clock.monotonic  # (real time, here under the test's control)
+    # a runner that takes chunks and runs
+    controller.dispatch.modes = dataclasses.replace(controller.dispatch.modes, chunks=True)
+    controller.dispatch.service_clock = (
+        clock.monotonic
+    )  # (real time, here under the test's control)
     for _ in range(20):
         clock.advance(0.001)
-        controller._observe_service(2e-6)
-    assert controller.chunk_size >= controller_module.RUN_FROM_CHUNK
+        controller.dispatch.observe_service(2e-6)
+    assert controller.dispatch.chunk_size >= sizing.RUN_FROM_CHUNK
     # the runs of 8 partitions, 64 records each, all spanned the same 40 ms pause
     clock.advance(0.04)
     for _ in range(8):
-        controller._observe_service((0.04 + 64 * 2e-6) / 64)
-    assert controller.chunk_size >= controller_module.RUN_FROM_CHUNK
+        controller.dispatch.observe_service((0.04 + 64 * 2e-6) / 64)
+    assert controller.dispatch.chunk_size >= sizing.RUN_FROM_CHUNK
     # calls of 1 ms from now on: within 10 reports 10 ms apart, calls go one by one
     for _ in range(10):
-        clock.advance(controller_module.STUCK_CHECK_EVERY)
-        controller._observe_service(0.001)
-    assert controller.chunk_size == 1
+        clock.advance(sizing.STUCK_CHECK_EVERY)
+        controller.dispatch.observe_service(0.001)
+    assert controller.dispatch.chunk_size == 1
     # and calls short again bring the fast path back
     for _ in range(40):
-        controller._observe_service(2e-6)
-    assert controller.chunk_size >= controller_module.RUN_FROM_CHUNK
+        controller.dispatch.observe_service(2e-6)
+    assert controller.dispatch.chunk_size >= sizing.RUN_FROM_CHUNK
 
 
 @pytest.mark.parametrize("start", [0.0, -1.0, 1e6])
@@ -311,20 +315,20 @@ def test_calls_of_milliseconds_after_a_short_first_one_go_one_by_one_within_30_m
     three windows, whatever the clock reads."""
     clock = FakeClock(start=start)
     controller = stepped_controller(clock)
-    controller._chunks = True
-    controller._service_clock = clock.monotonic
-    controller._observe_service(3e-6)
-    assert controller.chunk_size > 1
+    controller.dispatch.modes = dataclasses.replace(controller.dispatch.modes, chunks=True)
+    controller.dispatch.service_clock = clock.monotonic
+    controller.dispatch.observe_service(3e-6)
+    assert controller.dispatch.chunk_size > 1
     for _ in range(30):
         clock.advance(0.001)
-        controller._observe_service(0.002)
-    assert controller.chunk_size == 1
+        controller.dispatch.observe_service(0.002)
+    assert controller.dispatch.chunk_size == 1
 
 
 def _looked_at(controller, run, looks: list[tuple[float, int]]) -> None:
     for at, done in looks:
         run.done = done
-        controller._check_runs(at)
+        controller.runs.check(at)
 
 
 def test_one_look_at_a_paused_run_does_not_detach_it():
@@ -332,9 +336,9 @@ def test_one_look_at_a_paused_run_does_not_detach_it():
     the next look, once the run went on, finds it fine. A call that hangs is detached at the
     second look that agrees."""
     controller = stepped_controller(FakeClock())
-    run = controller._runs.start(("t", 0), 1, [_Message(o) for o in range(10_000)], timed=None)
+    run = controller.runs.runs.start(("t", 0), 1, [_Message(o) for o in range(10_000)], timed=None)
     detached: list[object] = []
-    controller._detach_run = lambda run, drop: detached.append(run)  # type: ignore[method-assign]
+    controller.runs.detach = lambda run, drop: detached.append(run)  # type: ignore[method-assign]
     run.started = 100.0
     # calls of 20 us (under RUN_SLOW_CALL), a 40 ms pause from 2 ms on
     _looked_at(controller, run, [(100.001, 50), (100.043, 100), (100.0535, 625)])
@@ -353,14 +357,14 @@ def test_a_run_of_calls_of_milliseconds_is_detached_within_40_ms(call, look):
     call ended and some none; each must still find the run slow, or two looks never agree
     and the run keeps one worker busy for seconds while the others are idle."""
     controller = stepped_controller(FakeClock())
-    run = controller._runs.start(("t", 0), 1, [_Message(o) for o in range(2_500)], timed=None)
+    run = controller.runs.runs.start(("t", 0), 1, [_Message(o) for o in range(2_500)], timed=None)
     detached: list[object] = []
-    controller._detach_run = lambda run, drop: detached.append(run)  # type: ignore[method-assign]
+    controller.runs.detach = lambda run, drop: detached.append(run)  # type: ignore[method-assign]
     run.started = now = 100.0
     while not detached and now < 101.0:
         now += look
         run.done = int((now - 100.0) / call)
-        controller._check_runs(now)
+        controller.runs.check(now)
     assert detached, "never detached"
     assert now - 100.0 <= 0.04
 
@@ -378,7 +382,7 @@ def test_a_revoke_commits_what_the_run_out_already_finished():
     runner = RunTaker()
     options = Options(ordering=ProcessingOrder.UNORDERED, commit_interval=60)
     controller = stepped_controller(FakeClock(), options=options, runner=runner)
-    controller._observe_service(1e-6)  # calls measured short: records go out in runs
+    controller.dispatch.observe_service(1e-6)  # calls measured short: records go out in runs
     messages = [Message(topic="t", partition=0, offset=o, key=b"k") for o in range(100)]
     controller.post(RecordsPolled({("t", 0): (1, messages)}))
     controller.run_once(block=False)
@@ -398,7 +402,7 @@ def test_a_revoke_commits_what_the_run_out_already_finished():
     assert commits, "no final commit"
     assert commits[-1].offsets[0].offset == 40
     # and every record of the run is accounted for once: none is left counted as out
-    assert controller._runs.records_out == 0
+    assert controller.runs.runs.records_out == 0
 
 
 def test_a_hung_call_of_a_detached_run_holds_one_slot_of_the_call_limit():
@@ -413,7 +417,7 @@ def test_a_hung_call_of_a_detached_run_holds_one_slot_of_the_call_limit():
     runner = RunTaker()
     options = Options(ordering=ProcessingOrder.KEY, commit_interval=60)
     controller = stepped_controller(FakeClock(), options=options, runner=runner)
-    controller._observe_service(1e-6)  # calls measured short: records go out in runs
+    controller.dispatch.observe_service(1e-6)  # calls measured short: records go out in runs
     messages = [Message(topic="t", partition=0, offset=o, key=b"k%d" % o) for o in range(100)]
     controller.post(RecordsPolled({("t", 0): (1, messages)}))
     controller.run_once(block=False)
@@ -421,13 +425,13 @@ def test_a_hung_call_of_a_detached_run_holds_one_slot_of_the_call_limit():
     # The worker took the run; its first call hangs, and the run is detached
     run.started = 1.0
     run.pending.popleft()
-    controller._detach_run(run, drop=False)
+    controller.runs.detach(run, drop=False)
     assert run.adopted is not None
     assert len(controller.ledger.in_flight) == 1
-    assert controller._runs.out  # (until the worker reports)
+    assert controller.runs.runs.out  # (until the worker reports)
     # Then the hung call holds one slot: the other records fill the rest of the limit
-    controller.chunk_size = 1  # (calls slow now: one by one)
+    controller.dispatch.chunk_size = 1  # (calls slow now: one by one)
     controller.run_once(block=False)
     limit = runner.capacity + runner.backlog
     assert len(controller.ledger.in_flight) == limit
-    assert controller._workers_in_runs() == 0
+    assert controller.runs.workers_out() == 0
