@@ -72,7 +72,6 @@ from parallel_consumer.options import Options
 from parallel_consumer.produce import ProduceResult
 from parallel_consumer.runners.base import Handler, Runner
 from parallel_consumer.status import Lifecycle, PollerStatistics, Statistics, assemble_statistics
-from parallel_consumer.work import sizing
 from parallel_consumer.work.item import TopicPartition
 
 __all__ = ["Controller"]
@@ -201,24 +200,8 @@ class Controller:
             outputs, produces=produces, on_produced=on_produced, letters=dead_letters
         )
         # The runner's capabilities, read once; the ways calls go out, decided once.
-        features = self._runner.features
-        options = self._options
-        modes = sizing.decide_modes(
-            can_chunk=features.chunks is not None,
-            can_run=features.runs is not None,
-            can_chain=features.chains is not None,
-            ordering=options.ordering,
-            batch_size=options.batch_size,
-            buffer_limit=options.buffer_limit,
-            slots=self._runner.capacity + self._runner.backlog,
-            deadlines=options.processing_timeout is not None,
-            per_call_hooks=self._per_call_hooks,
-            produces=delivery.produces,
-            transactional=delivery.gate is not None,
-            on_produced=on_produced is not None,
-        )
-        self.dispatch.start(self._runner, features, modes)
-        self.runs.start(features.runs, modes)
+        modes = self.dispatch.start(self._runner, per_call_hooks=self._per_call_hooks)
+        self.runs.start(self._runner.features.runs, modes)
         self._runner.start(handler, self.post)
         self.lifecycle = Lifecycle.RUNNING
         self.ledger.commits.schedule(self._clock.monotonic())
@@ -299,10 +282,8 @@ class Controller:
         due_at = dispatch.deadlines.next_at()
         if due_at is not None and now >= due_at:
             self.overdue.expire_calls(now)
-        if dispatch.modes.chunks and dispatch.stuck_check_due():
-            if self.runs.runs.active:
-                self.runs.check(time.perf_counter())
-            dispatch.release_stuck()
+        if dispatch.modes.chunks:
+            self.overdue.release_stuck()
         if ledger.letters_due:
             self._write_due_letters()
         if self.lifecycle is Lifecycle.RUNNING or self.lifecycle is Lifecycle.DRAINING:

@@ -22,6 +22,7 @@ from parallel_consumer._events import DeadlineExtended, WorkDone, WorkDoneMany
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.engine.delivery import Delivery
 from parallel_consumer.engine.ledger import Ledger
+from parallel_consumer.engine.sampling import Samples
 from parallel_consumer.errors import DeadlineExceeded
 from parallel_consumer.hooks import CallSampling, Hooks
 from parallel_consumer.options import Options
@@ -31,7 +32,6 @@ from parallel_consumer.runners.base import (
     ChunkRunner,
     ManyRunner,
     Runner,
-    RunnerFeatures,
 )
 from parallel_consumer.work import sizing
 from parallel_consumer.work.chains import Bundles, Chains
@@ -73,9 +73,8 @@ class Dispatch:
         # The per-call hooks, None unless implemented: skipped on the hot path.
         self._on_dispatch = hooks.on_dispatch if "on_dispatch" in active else None
         self.work_done_hook = hooks.on_work_done if "on_work_done" in active else None
-        #: Metrics' sample of calls (see CallSampling), and when the next periodic one is due.
-        self.sampling = sampling
-        self.next_sample = 0.0
+        #: Metrics' sample of calls (engine/sampling.py).
+        self.samples = Samples(sampling)
         self.runner = runner
         self._chunker: ChunkRunner | None = None
         self._chainer: ChainRunner | None = None
@@ -91,8 +90,6 @@ class Dispatch:
         #: Calls per hand-over to the runner: 1, or more for calls much shorter than a thread
         #: hop (adaptive dispatch; only runners that run chunks, and no deadlines).
         self.chunk_size = 1
-        #: When to look for stuck chunks next (time.monotonic(): it is about real threads).
-        self.next_stuck_check = 0.0
         #: Chunks were handed to the runner since nothing was last in flight.
         self.chunks_out = False
         #: Chains out (CHAINS). A chain holds one worker however many of its calls are in
@@ -105,14 +102,32 @@ class Dispatch:
         self.deadlines = Deadlines()
         self.timeout = options.processing_timeout
 
-    def start(self, runner: Runner, features: RunnerFeatures, modes: Modes) -> None:
-        """Use ``runner`` (whose capabilities are ``features``) in ``modes``."""
+    def start(self, runner: Runner, *, per_call_hooks: bool) -> Modes:
+        """Use ``runner``: decide once, from its features, the ways calls go out."""
+        features = runner.features
+        options = self._options
+        delivery = self._delivery
+        modes = sizing.decide_modes(
+            can_chunk=features.chunks is not None,
+            can_run=features.runs is not None,
+            can_chain=features.chains is not None,
+            ordering=options.ordering,
+            batch_size=options.batch_size,
+            buffer_limit=options.buffer_limit,
+            slots=runner.capacity + runner.backlog,
+            deadlines=options.processing_timeout is not None,
+            per_call_hooks=per_call_hooks,
+            produces=delivery.produces,
+            transactional=delivery.gate is not None,
+            on_produced=delivery.on_produced is not None,
+        )
         self.runner = runner
         self._chunker = features.chunks if modes.chunks else None
         self._chainer = features.chains if modes.chains else None
         self._many = features.many
         self.running = features.running
         self.modes = modes
+        return modes
 
     def _submit_chunk(self, calls: list[tuple[int, PollContext]]) -> None:
         assert self._chunker is not None
@@ -364,16 +379,8 @@ class Dispatch:
         service = self.service_time.observe(took, self.service_clock())
         self.chunk_size = sizing.chunk_size_for(service)
 
-    def stuck_check_due(self) -> bool:
-        """Whether to look for stuck chunks (and runs) now: every STUCK_CHECK_EVERY."""
-        real_now = time.monotonic()
-        if real_now < self.next_stuck_check:
-            return False
-        self.next_stuck_check = real_now + sizing.STUCK_CHECK_EVERY
-        return True
-
     def release_stuck(self) -> None:
-        """Hand the calls not started of stuck chunks to other workers."""
+        """Hand the calls not started of stuck chunks to other workers (see Overdue)."""
         assert self._chunker is not None
         # (the finished calls it reports are handled now, not posted: a revoke handled before
         # them would leave them out of its final commit)
@@ -453,7 +460,7 @@ class Dispatch:
         sample: bool = True,
     ) -> None:
         """A handler call ended (one ``WorkDone``, or one call of a chunk). ``sample``: False
-        for a call metrics saw already (a run's, see _sample_run)."""
+        for a call metrics saw already (a run's, see Samples.run)."""
         deadlines = self.deadlines
         if self.timeout is not None and deadlines.finished_late(batch_id, finished_at):
             # It ended after its deadline, before the controller noticed the deadline passed:
@@ -480,9 +487,8 @@ class Dispatch:
             return  # taken back from the runner on close
         if self.work_done_hook is not None:
             self.work_done_hook(batch.id, errors, finished_at - batch.started_at)
-        sampling = self.sampling
-        if sampling is not None and sample:
-            self.sample(sampling, batch, errors, finished_at)
+        if sample and self.samples.sampling is not None:
+            self.samples.call(batch, errors, finished_at)
         if self._delivery.produces and (partial or not any(errors)):
             # Outputs belong to the call: a record it failed with PollContext.fail is retried
             # (or dead-lettered) on its own, once the call's outputs are acknowledged.
@@ -491,32 +497,3 @@ class Dispatch:
                 return
             errors = outcome
         self._ledger.settle(batch, errors, finished_at)
-
-    def sample(
-        self,
-        sampling: CallSampling,
-        batch: Batch,
-        errors: Sequence[BaseException | None],
-        finished_at: float,
-    ) -> None:
-        """Hand the call to metrics if a periodic sample is due or it was slow: one comparison
-        per call otherwise."""
-        duration = finished_at - batch.started_at
-        periodic = self.sample_due(sampling, finished_at, duration)
-        if periodic is None:
-            return
-        try:
-            sampling.sample([i.message for i in batch.items], errors, duration, periodic)
-        except Exception:
-            log.warning("metrics failed to take a sample of a call", exc_info=True)
-
-    def sample_due(self, sampling: CallSampling, finished_at: float, took: float) -> bool | None:
-        """Whether metrics take a call that took ``took`` and ended at ``finished_at``: None
-        if not; else whether it is the periodic sample (then the next one is an interval
-        later) rather than a slow call."""
-        periodic = finished_at >= self.next_sample
-        if not periodic and took <= sampling.slow_after:
-            return None
-        if periodic and sampling.interval is not None:
-            self.next_sample = finished_at + sampling.interval
-        return periodic

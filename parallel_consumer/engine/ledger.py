@@ -325,7 +325,7 @@ class Ledger:
 
     def _give_up(self, item: WorkItem, error: BaseException, decision: Decision) -> None:
         """Carry out a decision other than a retry for a record that just failed."""
-        if getattr(decision, "exhausted", False):
+        if isinstance(decision, SkipNow | DeadLetterNow | StopNow) and decision.exhausted:
             self.counters.retries_exhausted += 1
         if isinstance(decision, SkipNow):
             log.log(

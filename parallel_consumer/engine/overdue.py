@@ -1,4 +1,5 @@
-"""Overdue calls: a call past its deadline (``processing_timeout``, docs/deadlines.md) or a
+"""Overdue calls: chunks and runs whose calls turned slow or hang (their calls not started
+go to other workers), a call past its deadline (``processing_timeout``, docs/deadlines.md) or a
 record that holds its stalled partition (``on_stall=DEAD_LETTER``, docs/health.md) is
 abandoned, its records failed through the ledger's usual path. Owned by the controller thread;
 it uses dispatch (the call, its deadline, its chain), runs (whether the call is a detached
@@ -8,6 +9,7 @@ run's), delivery (the dead letter) and the ledger.
 from __future__ import annotations
 
 import logging
+import time
 
 from parallel_consumer.dead_letter import Reason
 from parallel_consumer.engine.delivery import Delivery
@@ -18,6 +20,7 @@ from parallel_consumer.errors import DeadlineExceeded
 from parallel_consumer.health import PartitionStall, stalled_error
 from parallel_consumer.hooks import Hooks
 from parallel_consumer.options import Options, StallPolicy
+from parallel_consumer.work import sizing
 from parallel_consumer.work.inflight import Batch
 from parallel_consumer.work.item import WorkItem
 from parallel_consumer.work.progress import Stall
@@ -42,10 +45,24 @@ class Overdue:
     ) -> None:
         self._options = options
         self._hooks = hooks
+        #: When to look for stuck chunks and runs next (time.monotonic(): it is about real
+        #: threads, not the engine's clock).
+        self.next_stuck_check = 0.0
         self._ledger = ledger
         self._delivery = delivery
         self._dispatch = dispatch
         self._runs = runs
+
+    def release_stuck(self) -> None:
+        """Every STUCK_CHECK_EVERY (chunks on): detach runs whose calls turned slow or hang,
+        and hand the calls not started of stuck chunks to other workers."""
+        real_now = time.monotonic()
+        if real_now < self.next_stuck_check:
+            return
+        self.next_stuck_check = real_now + sizing.STUCK_CHECK_EVERY
+        if self._runs.runs.active:
+            self._runs.check(time.perf_counter())
+        self._dispatch.release_stuck()
 
     def expire_calls(self, now: float) -> None:
         for batch_id in self._dispatch.deadlines.expired(now):
@@ -83,9 +100,9 @@ class Overdue:
         dispatch = self._dispatch
         if dispatch.work_done_hook is not None:
             dispatch.work_done_hook(call.id, (error,) * len(call.items), now - call.started_at)
-        if dispatch.sampling is not None:
+        if dispatch.samples.sampling is not None:
             # (its duration so far: longer than the deadline, possibly than slow_after)
-            dispatch.sample(dispatch.sampling, call, (error,) * len(call.items), now)
+            dispatch.samples.call(call, (error,) * len(call.items), now)
         # The asyncio runner cancels the task, the process runner replaces the worker process;
         # a thread runs on (it holds a worker until it returns: see Dispatch.call_limit). A
         # detached run's call is on a thread: it runs on.

@@ -23,7 +23,6 @@ from parallel_consumer._events import RecordsPolled, RunDone
 from parallel_consumer.engine.delivery import Delivery, RunOutputsFailed
 from parallel_consumer.engine.dispatch import Dispatch
 from parallel_consumer.engine.ledger import Ledger
-from parallel_consumer.hooks import CallSampling
 from parallel_consumer.options import Options, ProcessingOrder
 from parallel_consumer.runners.base import CallCancelled, RunRunner
 from parallel_consumer.work import sizing
@@ -165,7 +164,7 @@ class RunDispatch:
         short = self._dispatch.chunk_size >= sizing.RUN_FROM_CHUNK
         blocked = self._ledger.commits.blocked
         longest = sizing.run_length(self._dispatch.service_time.value)
-        sampling = self._dispatch.sampling
+        sampling = self._dispatch.samples.sampling
         timed = sampling.slow_after if sampling is not None else None
         distinct = self.modes.produce_runs and self._options.ordering is ProcessingOrder.KEY
         for tp in list(queued):
@@ -253,8 +252,8 @@ class RunDispatch:
         if state is None:  # pragma: no cover - forget detaches
             self._ledger.stale(len(run) - run.settled)
             return
-        if event.samples and self._dispatch.sampling is not None:
-            self._sample_run(self._dispatch.sampling, run, event)
+        if event.samples and self._dispatch.samples.sampling is not None:
+            self._dispatch.samples.run(run, event)
         ok = event.ok
         self.settle_run(run, state, ok)
         if ok == len(run):
@@ -292,19 +291,6 @@ class RunDispatch:
             self._ledger.settle_messages(state, run.messages[first:upto])
         else:
             self._delivery.run_outputs(run, state, first, upto)
-
-    def _sample_run(self, sampling: CallSampling, run: Run, event: RunDone) -> None:
-        """The calls of a run its worker timed, for metrics (see :meth:`Dispatch.sample`)."""
-        finished_at = event.finished_at
-        for index, took in event.samples:
-            periodic = self._dispatch.sample_due(sampling, finished_at, took)
-            if periodic is None:
-                continue
-            error = event.error if index == event.ok else None
-            try:
-                sampling.sample([run.messages[index]], (error,), took, periodic)
-            except Exception:
-                log.warning("metrics failed to take a sample of a call", exc_info=True)
 
     def detach(self, run: Run, *, drop: bool) -> None:
         """Take back the records ``run`` has not started: they go to the lanes (or, with

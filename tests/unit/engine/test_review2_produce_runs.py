@@ -280,7 +280,7 @@ def test_metrics_sample_a_failed_call_of_a_run_once(interval):
     sent = FakeOutputs()
     options = Options(ordering=ProcessingOrder.KEY, commit_interval=60, retry_delay=0)
     controller = stepped_controller(FakeClock(), options=options, runner=runner, outputs=sent)
-    controller.dispatch.sampling = CallSampling(
+    controller.dispatch.samples.sampling = CallSampling(
         interval,
         10.0,
         lambda records, errors, took, periodic: samples.append(

@@ -348,7 +348,7 @@ def test_a_revoke_posted_during_the_stuck_check_commits_the_calls_it_reported():
     controller.run_once(block=False)
     assert runner.chunks
     assert runner.chunks[0][0][1].offset == 0
-    controller.dispatch.next_stuck_check = 0.0  # (the check is due)
+    controller.overdue.next_stuck_check = 0.0  # (the check is due)
     controller.run_once(block=False)  # the stuck check
     controller.run_once(block=False)  # the revoke
     poller = controller._poller
