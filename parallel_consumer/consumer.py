@@ -38,6 +38,7 @@ from parallel_consumer.runners.asyncio_loop import AsyncioRunner
 from parallel_consumer.runners.base import Runner, handler_kind
 from parallel_consumer.runners.processes import ProcessRunner, pickled_handler
 from parallel_consumer.runners.threads import ThreadRunner
+from parallel_consumer.serialization import Codecs, deserializing
 from parallel_consumer.status import Lifecycle, Statistics
 
 if TYPE_CHECKING:
@@ -393,10 +394,19 @@ class ParallelConsumer:
         produces = via == "poll_and_produce"
         if produces or dead_letters is not None:
             outputs = self._start_outputs()  # dead letters go through the library's producer
-        call = handler
+        options = self._options
+        codecs = Codecs(
+            options.key_deserializer,
+            options.value_deserializer,
+            options.key_serializer if produces else None,
+            options.value_serializer if produces else None,
+        )
+        call = deserializing(handler, codecs, is_async=kind is RunnerKind.ASYNCIO)
+        if kind is RunnerKind.PROCESS and call is not handler:
+            pickled_handler(call)  # the (de)serializers go to the worker processes too
         if self._telemetry is not None:
             call = self._telemetry.wrap(
-                handler, is_async=kind is RunnerKind.ASYNCIO, produces=produces
+                call, is_async=kind is RunnerKind.ASYNCIO, produces=produces
             )
         self._controller.start(
             call,
