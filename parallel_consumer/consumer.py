@@ -33,7 +33,7 @@ from parallel_consumer.kafka.producer import Outputs
 from parallel_consumer.options import Options, RunnerKind
 from parallel_consumer.produce import ProduceResult
 from parallel_consumer.runners.asyncio_loop import AsyncioRunner
-from parallel_consumer.runners.base import Runner, handler_kind
+from parallel_consumer.runners.base import Runner, check_signature, handler_kind
 from parallel_consumer.runners.processes import ProcessRunner, pickled_handler
 from parallel_consumer.runners.threads import ThreadRunner
 from parallel_consumer.status import Lifecycle, Statistics
@@ -367,6 +367,11 @@ class ParallelConsumer:
     ) -> None:
         if not callable(handler):
             raise ConfigurationError(f"{via}() needs a callable handler, got {handler!r}")
+        check_signature(handler, via)
+        if self.lifecycle in (Lifecycle.CLOSING, Lifecycle.CLOSED):
+            raise ConfigurationError(
+                f"{via}() on a closed ParallelConsumer: it cannot start again; make a new one"
+            )
         if self._handler is not None:
             raise ConfigurationError(
                 f"a handler is already registered ({self._handler!r}); one ParallelConsumer "
