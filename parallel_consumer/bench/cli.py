@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from parallel_consumer.bench.gc_mode import GC_MODES, TUNED_YOUNG_THRESHOLD, gc_mode
+from parallel_consumer.cli.arguments import Parser
 
 __all__ = ["main"]
 
@@ -37,9 +38,7 @@ class UsageError(Exception):
 def _parser() -> argparse.ArgumentParser:
     from parallel_consumer.bench.contestants import DEFAULT_PEERS
 
-    parser = argparse.ArgumentParser(
-        prog="pc-bench", description="parallel_consumer benchmarks (WORKLOADS.md)"
-    )
+    parser = Parser(prog="pc-bench", description="parallel_consumer benchmarks (WORKLOADS.md)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = commands.add_parser("run", help="run workloads against this library and its peers")
     run.add_argument("workloads", nargs="*", metavar="WORKLOAD", help="e.g. W1 W2 (see list)")
