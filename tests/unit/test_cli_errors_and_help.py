@@ -58,6 +58,21 @@ def test_an_unreachable_broker_ends_each_command_in_one_line_with_exit_1(
     assert "%3|" not in done.stderr
 
 
+def test_verbose_prints_the_clients_log_lines_through_logging() -> None:
+    argv = ["--verbose", "offsets", "--group", "g", "--bootstrap", UNREACHABLE, "--timeout", "1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "parallel_consumer.cli.main", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 1
+    logged = [line for line in done.stderr.splitlines() if "parallel_consumer.cli.kafka" in line]
+    assert logged, done.stderr
+    assert "Connection refused" in logged[0] or UNREACHABLE in logged[0]
+
+
 def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[str]) -> None:
     assert parallel_consumer.__version__ == importlib.metadata.version("parallel-consumer")
     with pytest.raises(SystemExit) as exited:
