@@ -9,17 +9,20 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import signal
 import socket
+import sys
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from parallel_consumer._clock import Clock, SystemClock
+from parallel_consumer._signals import StopSignals
 from parallel_consumer.context import PollContext
 from parallel_consumer.engine.closing import FINAL_COMMIT_TIMEOUT, STOP_TIMEOUT
 from parallel_consumer.engine.controller import Controller
@@ -33,9 +36,10 @@ from parallel_consumer.kafka.producer import Outputs
 from parallel_consumer.options import Options, RunnerKind
 from parallel_consumer.produce import ProduceResult
 from parallel_consumer.runners.asyncio_loop import AsyncioRunner
-from parallel_consumer.runners.base import Runner, handler_kind
+from parallel_consumer.runners.base import Runner, check_signature, handler_kind
 from parallel_consumer.runners.processes import ProcessRunner, pickled_handler
 from parallel_consumer.runners.threads import ThreadRunner
+from parallel_consumer.serialization import Codecs, deserializing
 from parallel_consumer.status import Lifecycle, Statistics
 
 if TYPE_CHECKING:
@@ -142,6 +146,26 @@ def _transactional_id(prefix: str, consumer_config: Mapping[str, Any]) -> str:
 _transactional_ids = itertools.count(1)
 
 
+def _telemetry(given: Telemetry | bool | None) -> Telemetry | None:
+    """``telemetry=``: a Telemetry as given, False for none, and None for the library
+    convention: the global providers, if the application set any. Those live in modules it
+    imported to set them; if none is imported, nothing was set and OpenTelemetry stays unloaded."""
+    if given is False:
+        return None
+    if given is None:
+        if "opentelemetry.metrics" not in sys.modules and "opentelemetry.trace" not in sys.modules:
+            return None
+        from parallel_consumer.telemetry import Telemetry  # optional: loaded only when in use
+
+        return Telemetry.from_globals()
+    if given is True:
+        raise ConfigurationError(
+            "telemetry=True: leave telemetry out to use the global OpenTelemetry providers, or "
+            "pass Telemetry(...) (or False for none)"
+        )
+    return given
+
+
 class ParallelConsumer:
     """Consume Kafka records with far more concurrency than partitions.
 
@@ -150,9 +174,10 @@ class ParallelConsumer:
     configures the producer that :meth:`poll_and_produce` outputs go through (by default the
     consumer's ``bootstrap.servers``, idempotent); in the transactional commit mode it must
     hold a ``transactional.id`` prefix. ``hooks`` receives engine events for metrics and
-    tracing (see :class:`~parallel_consumer.hooks.Hooks`); ``telemetry`` turns on OpenTelemetry
-    metrics and tracing (see :class:`~parallel_consumer.telemetry.Telemetry`). ``clock``,
-    ``consumer_factory`` and ``producer_factory`` are for tests (see
+    tracing (see :class:`~parallel_consumer.hooks.Hooks`). OpenTelemetry metrics and tracing go
+    to the global providers when the application set them; ``telemetry`` takes a
+    :class:`~parallel_consumer.telemetry.Telemetry` with explicit ones, or False for none.
+    ``clock``, ``consumer_factory`` and ``producer_factory`` are for tests (see
     :mod:`parallel_consumer.testing`), as is ``admin_factory`` (the admin client that checks or
     creates dead-letter topics).
     """
@@ -164,7 +189,7 @@ class ParallelConsumer:
         *,
         producer_config: Mapping[str, Any] | None = None,
         hooks: Hooks | None = None,
-        telemetry: Telemetry | None = None,
+        telemetry: Telemetry | Literal[False] | None = None,
         clock: Clock | None = None,
         consumer_factory: Callable[[dict[str, Any]], Any] | None = None,
         producer_factory: Callable[[dict[str, Any]], Any] | None = None,
@@ -177,6 +202,7 @@ class ParallelConsumer:
         if producer_config is not None and not isinstance(producer_config, Mapping):
             raise ConfigurationError("producer_config must be a dict of librdkafka settings")
         config = _checked_config(consumer_config)
+        telemetry = _telemetry(telemetry)
         self._telemetry = telemetry
         if telemetry is not None:
             hooks = telemetry.attach(
@@ -367,6 +393,11 @@ class ParallelConsumer:
     ) -> None:
         if not callable(handler):
             raise ConfigurationError(f"{via}() needs a callable handler, got {handler!r}")
+        check_signature(handler, via)
+        if self.lifecycle in (Lifecycle.CLOSING, Lifecycle.CLOSED):
+            raise ConfigurationError(
+                f"{via}() on a closed ParallelConsumer: it cannot start again; make a new one"
+            )
         if self._handler is not None:
             raise ConfigurationError(
                 f"a handler is already registered ({self._handler!r}); one ParallelConsumer "
@@ -391,10 +422,19 @@ class ParallelConsumer:
         produces = via == "poll_and_produce"
         if produces or dead_letters is not None:
             outputs = self._start_outputs()  # dead letters go through the library's producer
-        call = handler
+        options = self._options
+        codecs = Codecs(
+            options.key_deserializer,
+            options.value_deserializer,
+            options.key_serializer if produces else None,
+            options.value_serializer if produces else None,
+        )
+        call = deserializing(handler, codecs, is_async=kind is RunnerKind.ASYNCIO)
+        if kind is RunnerKind.PROCESS and call is not handler:
+            pickled_handler(call)  # the (de)serializers go to the worker processes too
         if self._telemetry is not None:
             call = self._telemetry.wrap(
-                handler, is_async=kind is RunnerKind.ASYNCIO, produces=produces
+                call, is_async=kind is RunnerKind.ASYNCIO, produces=produces
             )
         self._controller.start(
             call,
@@ -491,13 +531,17 @@ class ParallelConsumer:
                     return None  # it stopped before it could answer: it never will
         raise TimeoutError(f"the controller did not answer {action}() within 10s")
 
-    def close(self, drain: bool = True, timeout: float | None = None) -> None:
+    def close(self, drain: bool = False, timeout: float | None = None) -> None:
         """Stop processing, commit what finished, close the Kafka client; re-raise a failure.
 
-        ``drain=True`` first runs every buffered record (and retries); ``drain=False`` only lets
-        in-flight calls finish. ``timeout`` (default ``Options.shutdown_timeout``, 30 s) bounds
-        that wait; records not finished by then are left uncommitted and are processed again by
-        the partition's next owner. The final commit and closing the client take up to ~10 s more.
+        By default no call starts any more, calls in flight may finish within ``timeout``
+        (default ``Options.shutdown_timeout``, 30 s), what finished is committed and the
+        consumer leaves its group; records not started are processed again by the partitions'
+        next owner. ``drain=True`` first runs every buffered record (and retry) within
+        ``timeout``. The final commit and closing the client take up to ~10 s more.
+
+        An interrupt (Ctrl-C) while waiting closes fast instead of raising: calls still running
+        are abandoned (processed again later) and what finished is committed.
         """
         if timeout is None:
             timeout = self._options.shutdown_timeout
@@ -506,15 +550,77 @@ class ParallelConsumer:
             self._controller.lifecycle = Lifecycle.CLOSED
             self._controller.stopped.set_result(None)
             return
-        if self.lifecycle is not Lifecycle.CLOSED:
-            self._controller.request("close", drain=drain, timeout=timeout)
+        self._request_close(drain=drain, timeout=timeout)
         grace = timeout + FINAL_COMMIT_TIMEOUT + STOP_TIMEOUT + 5.0
         try:
-            if not self.wait(grace):
+            try:
+                stopped = self.wait(grace)
+            except KeyboardInterrupt:
+                log.warning(
+                    "interrupted while closing: closing now (calls still running are not "
+                    "committed and will be processed again; what finished is committed)"
+                )
+                self._request_close(drain=False, timeout=0.0)
+                stopped = self.wait(FINAL_COMMIT_TIMEOUT + STOP_TIMEOUT + 5.0)
+            if not stopped:
                 raise TimeoutError(f"ParallelConsumer did not close within {grace:.0f}s")
         finally:
-            if self._telemetry is not None:
-                self._telemetry.closed()  # its gauges stop reporting, even after a failure
+            self._closed()
+
+    def run(
+        self, *, drain: bool = False, timeout: float | None = None, handle_signals: bool = True
+    ) -> None:
+        """Process records until stopped, then close: the main loop of a service.
+
+        Blocks while the registered handler processes records. Called from the main thread
+        (and unless ``handle_signals=False``), it handles SIGTERM and SIGINT while it runs:
+        the first one closes gracefully, as :meth:`close` does with the same ``drain`` and
+        ``timeout`` (no new call starts, calls in flight may finish, what finished is
+        committed, the consumer leaves its group); a second one closes fast (calls still
+        running are abandoned and processed again later; what finished is committed). The
+        previous handlers are restored when it returns. Another thread may end it with
+        :meth:`close`. Returns once closed; raises the failure that stopped processing, if any.
+        Applications that own their signals call :meth:`close` from their own handler
+        instead (docs/lifecycle.md).
+        """
+        if self._handler is None:
+            raise RuntimeError(
+                "run() needs a handler: register one with @pc.poll or @pc.poll_and_produce "
+                "(after subscribe()) first"
+            )
+        if timeout is None:
+            timeout = self._options.shutdown_timeout
+        close_timeout = timeout
+
+        def on_signal(signum: int, count: int) -> None:
+            name = signal.Signals(signum).name
+            if count == 1:
+                log.info("%s received: closing (a second signal closes at once)", name)
+                self._request_close(drain=drain, timeout=close_timeout)
+            else:
+                log.warning(
+                    "%s received again: closing now (calls still running are not committed "
+                    "and will be processed again)",
+                    name,
+                )
+                self._request_close(drain=False, timeout=0.0)
+
+        try:
+            with StopSignals(on_signal, install=handle_signals):
+                while not self.wait(0.5):
+                    pass
+        finally:
+            self._closed()
+
+    def _request_close(self, *, drain: bool, timeout: float) -> None:
+        """Ask the controller to close (or to close sooner, if closing already): never blocks,
+        so a signal handler may call it."""
+        if self.lifecycle is not Lifecycle.CLOSED:
+            self._controller.request("close", drain=drain, timeout=timeout)
+
+    def _closed(self) -> None:
+        if self._telemetry is not None:
+            self._telemetry.closed()  # its gauges stop reporting, even after a failure
 
     def __enter__(self) -> ParallelConsumer:
         return self
@@ -525,7 +631,7 @@ class ParallelConsumer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close(drain=exc_type is None)
+        self.close()
 
     def __repr__(self) -> str:
         return (

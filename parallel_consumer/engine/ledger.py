@@ -290,7 +290,9 @@ class Ledger:
 
     def failed(self, item: WorkItem, error: BaseException, finished_at: float) -> None:
         """``item``'s call failed with ``error``: retry it, or give up on it (``decide``)."""
-        if isinstance(error, Skip | DeadLetter):
+        if isinstance(error, Skip) or (
+            isinstance(error, DeadLetter) and self._options.dead_lettering
+        ):
             # The handler decided: not a failed attempt (the dead letter's attempt count and
             # the record's history stay as they were).
             self._give_up(item, error, decide(error, context_of(item), finished_at, self._options))

@@ -52,6 +52,7 @@ __all__ = [
     "RunRunner",
     "Runner",
     "RunnerFeatures",
+    "check_signature",
     "handler_kind",
     "not_a_result",
 ]
@@ -189,6 +190,24 @@ def handler_kind(handler: Callable[..., object]) -> HandlerKind:
         if inspect.iscoroutinefunction(candidate):
             return "async"
     return "plain"
+
+
+def check_signature(handler: Callable[..., object], via: str) -> None:
+    """Raise :class:`TypeError` unless ``handler`` can be called with one positional argument,
+    the context, and nothing else required: a wrong handler fails every record, so it is
+    refused when it is registered. Callables whose signature Python cannot read pass."""
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):  # some builtins and C callables have none to read
+        return
+    try:
+        signature.bind(None)
+    except TypeError as exc:
+        raise TypeError(
+            f"{via}() needs a handler that takes one argument, the context "
+            f"(def handle(ctx: PollContext) -> ...); {handler!r} has the signature "
+            f"{signature} ({exc})"
+        ) from None
 
 
 def _unwrapped(handler: object) -> Iterator[object]:

@@ -1,8 +1,8 @@
-"""Adversarial review of the PySpark runner's pure-Python core (parallel_consumer/spark).
-
-Each test reproduces a claim of docs/spark.md (or of the core's docstrings) that does not hold:
-a strict xfail until fixed. No JVM, no pyspark: the core is driven as tests/unit/spark does.
-"""
+"""The PySpark runner's pure-Python core (parallel_consumer/spark) keeps the promises of
+docs/spark.md and of its own docstrings: dead letters carry the engine's attempts, times and
+cause, a record without a timestamp, decorated async handlers, an interrupt in one lane, and one
+source id per output. Each failed on an earlier version of the core. No JVM, no pyspark: the
+core is driven as tests/unit/spark/test_core.py does."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_dead_letter_on_the_first_call_has_the_engines_attempts_and_times() -> N
     before it was dead-lettered (0 for DeadLetter on the first call)", and the failure times
     are empty when no call failed. The engine does so (tests/unit/engine/
     test_failure_handling.py asserts attempts == 0: a DeadLetter/Skip raise is the handler's
-    decision, not a failed attempt, see _controller._failed).
+    decision, not a failed attempt, see Ledger.failed).
 
     Reproduction: a handler that raises DeadLetter on its first call.
 
@@ -87,7 +87,7 @@ def test_dead_letter_after_failures_counts_only_the_failures() -> None:
 
 def test_dead_letter_raised_from_an_error_names_the_cause() -> None:
     """Claim (docs/dead-letters.md, pc.dlq.error.type): "for `raise DeadLetter(...) from exc`:
-    exc's type"; the engine unwraps ``__cause__`` in _controller._give_up, and docs/spark.md
+    exc's type"; the engine unwraps ``__cause__`` in Ledger._give_up, and docs/spark.md
     says the Spark rows carry the same headers.
 
     Reproduction: ``raise DeadLetter("bad json") from KeyError("field")``.
