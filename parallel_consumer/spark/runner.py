@@ -175,7 +175,7 @@ def _prepare_dead_letter_topics(
         return
     from confluent_kafka.admin import AdminClient
 
-    from parallel_consumer.engine.letters import dead_letter_topics, prepare_topics
+    from parallel_consumer.kafka.dead_letter_topics import dead_letter_topics, prepare_topics
 
     config: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, **(admin_config or {})}
     prepare_topics(AdminClient, config, dead_letter_topics(options, _subscription(topic)[2]))
