@@ -29,7 +29,8 @@ from parallel_consumer.spark._arrow import (
     map_function,
     tally_of,
 )
-from parallel_consumer.spark._core import PartitionTally, check_options
+from parallel_consumer.spark._core import check_options
+from parallel_consumer.spark._records import PartitionTally
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

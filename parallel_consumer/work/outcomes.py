@@ -23,6 +23,7 @@ __all__ = [
     "SkipNow",
     "StopNow",
     "Succeeded",
+    "counts_as_attempt",
     "decide",
     "exhausted_decision",
 ]
@@ -97,6 +98,13 @@ def decide(
         return exhausted_decision(Reason.RETRIES_EXHAUSTED, error, record, options)
     delay = retry_delay(options, error, record)
     return RetryAt(finished_at + delay, delay)
+
+
+def counts_as_attempt(error: BaseException) -> bool:
+    """Whether ``error`` ending a call is a failed attempt of its record (its attempt count and
+    failure times move on before :func:`decide`). Raising ``Skip`` or ``DeadLetter`` is not:
+    it is the handler's decision, and the record's history stays as it was."""
+    return not isinstance(error, Skip | DeadLetter)
 
 
 def exhausted_decision(

@@ -11,8 +11,8 @@ import pytest
 
 from parallel_consumer import DeadLetter, Options, PollContext, ProducerRecord, RetriesExhausted
 from parallel_consumer.spark._arrow import KIND_OUTPUT, map_function
-from parallel_consumer.spark._core import InputRecord
-from parallel_consumer.spark._lanes import LaneStream
+from parallel_consumer.spark._records import InputRecord
+from parallel_consumer.spark._stream import LaneStream
 
 
 def record(offset: int, key: str, partition: int = 0) -> InputRecord:
