@@ -24,7 +24,7 @@ from typing import cast
 
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.dead_letter import dead_letter_headers, default_topic
-from parallel_consumer.errors import DeadLetter, RetriesExhausted
+from parallel_consumer.errors import RetriesExhausted
 from parallel_consumer.options import Options, ProcessingOrder
 from parallel_consumer.produce import ProducerRecord, outputs_of
 from parallel_consumer.spark._records import (
@@ -178,15 +178,11 @@ class Lane:
         last_failure: datetime | None,
         decision: DeadLetterNow,
     ) -> OutputRow:
-        if isinstance(error, DeadLetter) and error.__cause__ is not None:
-            error = error.__cause__  # `raise DeadLetter(...) from exc`: the headers name exc
-        stamp = record.timestamp_ms
         headers = dead_letter_headers(
             topic=record.topic,
             partition=record.partition,
             offset=record.offset,
-            # (Kafka's -1 means no timestamp)
-            timestamp_ms=stamp if stamp is not None and stamp > 0 else None,
+            timestamp_ms=record.timestamp_ms,
             attempts=attempts,
             error=error,
             first_failure_at=first_failure,
