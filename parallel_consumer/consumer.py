@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import signal
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -20,6 +21,7 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from parallel_consumer._clock import Clock, SystemClock
+from parallel_consumer._signals import StopSignals
 from parallel_consumer.context import PollContext
 from parallel_consumer.engine.closing import FINAL_COMMIT_TIMEOUT, STOP_TIMEOUT
 from parallel_consumer.engine.controller import Controller
@@ -37,6 +39,7 @@ from parallel_consumer.runners.asyncio_loop import AsyncioRunner
 from parallel_consumer.runners.base import Runner, handler_kind
 from parallel_consumer.runners.processes import ProcessRunner, pickled_handler
 from parallel_consumer.runners.threads import ThreadRunner
+from parallel_consumer.serialization import Codecs, deserializing
 from parallel_consumer.status import Lifecycle, Statistics
 
 if TYPE_CHECKING:
@@ -392,10 +395,19 @@ class ParallelConsumer:
         produces = via == "poll_and_produce"
         if produces or dead_letters is not None:
             outputs = self._start_outputs()  # dead letters go through the library's producer
-        call = handler
+        options = self._options
+        codecs = Codecs(
+            options.key_deserializer,
+            options.value_deserializer,
+            options.key_serializer if produces else None,
+            options.value_serializer if produces else None,
+        )
+        call = deserializing(handler, codecs, is_async=kind is RunnerKind.ASYNCIO)
+        if kind is RunnerKind.PROCESS and call is not handler:
+            pickled_handler(call)  # the (de)serializers go to the worker processes too
         if self._telemetry is not None:
             call = self._telemetry.wrap(
-                handler, is_async=kind is RunnerKind.ASYNCIO, produces=produces
+                call, is_async=kind is RunnerKind.ASYNCIO, produces=produces
             )
         self._controller.start(
             call,
@@ -492,13 +504,17 @@ class ParallelConsumer:
                     return None  # it stopped before it could answer: it never will
         raise TimeoutError(f"the controller did not answer {action}() within 10s")
 
-    def close(self, drain: bool = True, timeout: float | None = None) -> None:
+    def close(self, drain: bool = False, timeout: float | None = None) -> None:
         """Stop processing, commit what finished, close the Kafka client; re-raise a failure.
 
-        ``drain=True`` first runs every buffered record (and retries); ``drain=False`` only lets
-        in-flight calls finish. ``timeout`` (default ``Options.shutdown_timeout``, 30 s) bounds
-        that wait; records not finished by then are left uncommitted and are processed again by
-        the partition's next owner. The final commit and closing the client take up to ~10 s more.
+        By default no call starts any more, calls in flight may finish within ``timeout``
+        (default ``Options.shutdown_timeout``, 30 s), what finished is committed and the
+        consumer leaves its group; records not started are processed again by the partitions'
+        next owner. ``drain=True`` first runs every buffered record (and retry) within
+        ``timeout``. The final commit and closing the client take up to ~10 s more.
+
+        An interrupt (Ctrl-C) while waiting closes fast instead of raising: calls still running
+        are abandoned (processed again later) and what finished is committed.
         """
         if timeout is None:
             timeout = self._options.shutdown_timeout
@@ -507,15 +523,77 @@ class ParallelConsumer:
             self._controller.lifecycle = Lifecycle.CLOSED
             self._controller.stopped.set_result(None)
             return
-        if self.lifecycle is not Lifecycle.CLOSED:
-            self._controller.request("close", drain=drain, timeout=timeout)
+        self._request_close(drain=drain, timeout=timeout)
         grace = timeout + FINAL_COMMIT_TIMEOUT + STOP_TIMEOUT + 5.0
         try:
-            if not self.wait(grace):
+            try:
+                stopped = self.wait(grace)
+            except KeyboardInterrupt:
+                log.warning(
+                    "interrupted while closing: closing now (calls still running are not "
+                    "committed and will be processed again; what finished is committed)"
+                )
+                self._request_close(drain=False, timeout=0.0)
+                stopped = self.wait(FINAL_COMMIT_TIMEOUT + STOP_TIMEOUT + 5.0)
+            if not stopped:
                 raise TimeoutError(f"ParallelConsumer did not close within {grace:.0f}s")
         finally:
-            if self._telemetry is not None:
-                self._telemetry.closed()  # its gauges stop reporting, even after a failure
+            self._closed()
+
+    def run(
+        self, *, drain: bool = False, timeout: float | None = None, handle_signals: bool = True
+    ) -> None:
+        """Process records until stopped, then close: the main loop of a service.
+
+        Blocks while the registered handler processes records. Called from the main thread
+        (and unless ``handle_signals=False``), it handles SIGTERM and SIGINT while it runs:
+        the first one closes gracefully, as :meth:`close` does with the same ``drain`` and
+        ``timeout`` (no new call starts, calls in flight may finish, what finished is
+        committed, the consumer leaves its group); a second one closes fast (calls still
+        running are abandoned and processed again later; what finished is committed). The
+        previous handlers are restored when it returns. Another thread may end it with
+        :meth:`close`. Returns once closed; raises the failure that stopped processing, if any.
+        Applications that own their signals call :meth:`close` from their own handler
+        instead (docs/lifecycle.md).
+        """
+        if self._handler is None:
+            raise RuntimeError(
+                "run() needs a handler: register one with @pc.poll or @pc.poll_and_produce "
+                "(after subscribe()) first"
+            )
+        if timeout is None:
+            timeout = self._options.shutdown_timeout
+        close_timeout = timeout
+
+        def on_signal(signum: int, count: int) -> None:
+            name = signal.Signals(signum).name
+            if count == 1:
+                log.info("%s received: closing (a second signal closes at once)", name)
+                self._request_close(drain=drain, timeout=close_timeout)
+            else:
+                log.warning(
+                    "%s received again: closing now (calls still running are not committed "
+                    "and will be processed again)",
+                    name,
+                )
+                self._request_close(drain=False, timeout=0.0)
+
+        try:
+            with StopSignals(on_signal, install=handle_signals):
+                while not self.wait(0.5):
+                    pass
+        finally:
+            self._closed()
+
+    def _request_close(self, *, drain: bool, timeout: float) -> None:
+        """Ask the controller to close (or to close sooner, if closing already): never blocks,
+        so a signal handler may call it."""
+        if self.lifecycle is not Lifecycle.CLOSED:
+            self._controller.request("close", drain=drain, timeout=timeout)
+
+    def _closed(self) -> None:
+        if self._telemetry is not None:
+            self._telemetry.closed()  # its gauges stop reporting, even after a failure
 
     def __enter__(self) -> ParallelConsumer:
         return self
@@ -526,7 +604,7 @@ class ParallelConsumer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close(drain=exc_type is None)
+        self.close()
 
     def __repr__(self) -> str:
         return (

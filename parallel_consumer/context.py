@@ -64,6 +64,18 @@ class RecordContext:
         return self._message.value()  # type: ignore[no-any-return]
 
     @property
+    def raw_key(self) -> bytes | None:
+        """The key's bytes as stored in Kafka (``key`` is the deserialized key when
+        ``Options.key_deserializer`` is set)."""
+        return self._message.key()  # type: ignore[no-any-return]
+
+    @property
+    def raw_value(self) -> bytes | None:
+        """The value's bytes as stored in Kafka (``value`` is the deserialized value when
+        ``Options.value_deserializer`` is set)."""
+        return self._message.value()  # type: ignore[no-any-return]
+
+    @property
     def headers(self) -> Headers:
         return self._message.headers() or []
 
@@ -115,6 +127,11 @@ class PollContext(Sequence[RecordContext]):
         context._keep_alive = None
         context._failed = {}
         return context
+
+    def derived(self, records: Sequence[RecordContext]) -> PollContext:
+        """A context of ``records`` (standing for records of this call) with this call's
+        deadline: what a wrapper of the handler hands on."""
+        return PollContext(records, keep_alive=self._keep_alive)
 
     def fail(self, record: RecordContext, error: BaseException) -> None:
         """Fail one record of this call; the others succeed when the handler returns.

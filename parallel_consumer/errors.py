@@ -11,15 +11,18 @@ from datetime import timedelta
 from typing import Any
 
 __all__ = [
+    "NEVER_RETRIED",
     "ConfigurationError",
     "DeadLetter",
     "DeadlineExceeded",
     "InternalError",
+    "InvalidOutput",
     "ParallelConsumerError",
     "PartitionStalled",
     "ProduceError",
     "RetriesExhausted",
     "Retry",
+    "SerializationError",
     "Skip",
 ]
 
@@ -71,6 +74,24 @@ class ProduceError(ParallelConsumerError):
     is committed past them."""
 
 
+class SerializationError(ParallelConsumerError):
+    """A record's key or value could not be deserialized (``Options.key_deserializer`` /
+    ``value_deserializer``), or an output's key or value could not be serialized. Never retried:
+    the same bytes fail the same way. The record goes to ``on_retries_exhausted`` (by default
+    the dead-letter topic, with its raw bytes); the original error is the ``__cause__``."""
+
+
+class InvalidOutput(ParallelConsumerError, TypeError):
+    """A ``poll_and_produce`` handler returned something that is not a ``ProducerRecord``, a
+    list of them or ``None`` (or an output whose key or value is neither bytes nor str, with no
+    serializer set). A programming error: never retried, the record goes to
+    ``on_retries_exhausted``, and the message names what was returned."""
+
+
+#: Failures that no retry can mend: they go straight to ``on_retries_exhausted``.
+NEVER_RETRIED: tuple[type[BaseException], ...] = (SerializationError, InvalidOutput)
+
+
 class Retry(Exception):
     """Raise from a handler to retry the record(s) after ``delay`` instead of the default delay.
 
@@ -102,7 +123,8 @@ class Skip(Exception):
 class DeadLetter(Exception):
     """Raise from a handler (or pass to ``PollContext.fail``) to send the record(s) to the
     dead-letter topic now, without further retries. Needs dead-lettering to be on
-    (``Options.dead_lettering``); otherwise the consumer stops (see docs/failure-handling.md)."""
+    (``Options.dead_lettering``); otherwise there is nowhere to write it, and the record is
+    retried after its retry delay with a WARNING naming it (see docs/failure-handling.md)."""
 
     def __init__(self, reason: str = "", *, cause: BaseException | None = None) -> None:
         super().__init__(reason)
@@ -119,6 +141,5 @@ class DeadLetter(Exception):
 
 class RetriesExhausted(ParallelConsumerError):
     """Stored in ``ParallelConsumer.failure`` (and re-raised by ``wait()``/``close()``) when a
-    record's failures hit ``OnExhausted.STOP``, or ``DeadLetter`` was raised with
-    dead-lettering off. The record's last error is its ``__cause__``; nothing was committed at
-    or past the record."""
+    record's failures hit ``OnExhausted.STOP``. The record's last error is its ``__cause__``;
+    nothing was committed at or past the record."""

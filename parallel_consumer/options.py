@@ -206,6 +206,17 @@ class Options:
     #: The dead-letter topic of every input topic; ``None`` means ``<topic>.dlq`` per input
     #: topic. Setting it turns dead-lettering on (see :attr:`dead_lettering`).
     dead_letter_topic: str | None = None
+    #: Deserialize each record's key / value before the handler sees it: a callable
+    #: ``(bytes, SerializationContext) -> object``, such as confluent-kafka's
+    #: ``StringDeserializer()`` or a Schema Registry ``AvroDeserializer``. The handler reads
+    #: the result as ``ctx.key`` / ``ctx.value`` (the bytes stay in ``raw_key`` / ``raw_value``);
+    #: a record that fails to deserialize is never retried (docs/serialization.md).
+    key_deserializer: Callable[[Any, Any], Any] | None = None
+    value_deserializer: Callable[[Any, Any], Any] | None = None
+    #: Serialize the key / value of each ``poll_and_produce`` output that is not bytes or str
+    #: (``(object, SerializationContext) -> bytes``, such as confluent-kafka's serializers).
+    key_serializer: Callable[[Any, Any], Any] | None = None
+    value_serializer: Callable[[Any, Any], Any] | None = None
     #: Upper bound on records held by the engine (buffered awaiting processing + in flight).
     #: ``None`` picks ``max(10_000, 4 * max_concurrency * batch_size)``.
     max_buffered_records: int | None = None
@@ -291,6 +302,18 @@ class Options:
                 "Options.retry_delay_provider must be a callable taking a RecordContext, "
                 f"got {self.retry_delay_provider!r}"
             )
+        for codec in (
+            "key_deserializer",
+            "value_deserializer",
+            "key_serializer",
+            "value_serializer",
+        ):
+            value = getattr(self, codec)
+            if value is not None and not callable(value):
+                raise ConfigurationError(
+                    f"Options.{codec} must be a callable (data, SerializationContext) -> object, "
+                    f"such as confluent_kafka.serialization.StringDeserializer(); got {value!r}"
+                )
         policy, non_retryable = checked_failure_settings(self)
         setattr_(self, "on_retries_exhausted", policy)
         setattr_(self, "non_retryable", non_retryable)

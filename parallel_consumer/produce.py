@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from parallel_consumer.errors import ProduceError
+from parallel_consumer.errors import InvalidOutput, ProduceError
 
 if TYPE_CHECKING:
     from parallel_consumer.context import PollContext
@@ -30,6 +30,18 @@ def _as_bytes(name: str, value: object) -> bytes | None:
     if isinstance(value, bytearray | memoryview):
         return bytes(value)
     raise TypeError(f"ProducerRecord.{name} must be bytes, str or None, got {type(value).__name__}")
+
+
+def _as_payload(value: object) -> Any:
+    """A key or value: bytes as bytes (str UTF-8 encoded); any other object as it is, for
+    ``Options.key_serializer`` / ``value_serializer`` to serialize (see :func:`outputs_of`)."""
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    return value
 
 
 def _headers(value: object) -> HeaderList:
@@ -55,19 +67,20 @@ class ProducerRecord:
     """One record to produce: ``topic`` and ``value`` (bytes or str; str is UTF-8 encoded),
     optional ``key``, ``headers`` (a dict or a list of pairs) and ``partition`` (default: the
     producer's partitioner, by key). To keep per-key order in the output, give outputs of one
-    input key one output key (or partition)."""
+    input key one output key (or partition). With ``Options.value_serializer`` (or
+    ``key_serializer``) set, ``value`` (``key``) may be any object the serializer takes."""
 
     topic: str
-    value: bytes | None
-    key: bytes | None = None
+    value: Any
+    key: Any = None
     headers: HeaderList = field(default_factory=list)
     partition: int | None = None
 
     def __init__(
         self,
         topic: str,
-        value: Bytes,
-        key: Bytes = None,
+        value: object,
+        key: object = None,
         headers: Mapping[str, Bytes] | list[tuple[str, Bytes]] | None = None,
         partition: int | None = None,
     ) -> None:
@@ -79,15 +92,17 @@ class ProducerRecord:
             raise TypeError(f"ProducerRecord.partition must be an int >= 0, got {partition!r}")
         setattr_ = object.__setattr__
         setattr_(self, "topic", topic)
-        setattr_(self, "value", _as_bytes("value", value))
-        setattr_(self, "key", _as_bytes("key", key))
+        setattr_(self, "value", _as_payload(value))
+        setattr_(self, "key", _as_payload(key))
         setattr_(self, "headers", _headers(headers))
         setattr_(self, "partition", partition)
 
     def __repr__(self) -> str:
         where = self.topic if self.partition is None else f"{self.topic}[{self.partition}]"
-        size = 0 if self.value is None else len(self.value)
-        return f"<ProducerRecord {where} key={self.key!r} value={size} bytes>"
+        if self.value is None or isinstance(self.value, bytes):
+            size = 0 if self.value is None else len(self.value)
+            return f"<ProducerRecord {where} key={self.key!r} value={size} bytes>"
+        return f"<ProducerRecord {where} key={self.key!r} value={type(self.value).__name__}>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,20 +117,37 @@ class ProduceResult:
 
 
 def outputs_of(value: object) -> list[ProducerRecord]:
-    """The outputs a ``poll_and_produce`` handler returned (raises TypeError otherwise)."""
+    """The outputs a ``poll_and_produce`` handler returned, ready to produce
+    (:class:`InvalidOutput` otherwise: a programming error, never retried)."""
+    outputs = returned_outputs(value)
+    for output in outputs:
+        for part in ("key", "value"):
+            data = getattr(output, part)
+            if data is not None and not isinstance(data, bytes):
+                raise InvalidOutput(
+                    f"the {part} of an output to {output.topic} is a {type(data).__name__}: pass "
+                    f"bytes or str, or set Options.{part}_serializer to serialize it"
+                )
+    return outputs
+
+
+def returned_outputs(value: object) -> list[ProducerRecord]:
+    """The ``ProducerRecord`` s a handler returned, their keys and values not checked yet."""
     if value is None:
         return []
     if isinstance(value, ProducerRecord):
-        return [value]
-    if isinstance(value, list | tuple):
+        outputs = [value]
+    elif isinstance(value, list | tuple):
         for item in value:
             if not isinstance(item, ProducerRecord):
-                raise TypeError(
+                raise InvalidOutput(
                     "a poll_and_produce handler must return a ProducerRecord, a list of them or "
                     f"None; the list holds {type(item).__name__}"
                 )
-        return list(value)
-    raise TypeError(
-        "a poll_and_produce handler must return a ProducerRecord, a list of them or None, "
-        f"got {type(value).__name__}"
-    )
+        outputs = list(value)
+    else:
+        raise InvalidOutput(
+            "a poll_and_produce handler must return a ProducerRecord, a list of them or None, "
+            f"got {type(value).__name__}"
+        )
+    return outputs

@@ -1,5 +1,5 @@
-"""``pc-bench``: run the WORKLOADS.md benchmarks against this library and its peers, or plot a
-run's JSON.
+"""``pc-bench``: run the benchmark workloads (docs/benchmarks.md) against this library and its
+peers, or plot a run's JSON.
 
     pc-bench run --quick                     # W1 and W2 reduced: a few minutes, a local broker
     pc-bench run W1 W2 --repeat 3            # full sizes, medians of 3
@@ -38,7 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     from parallel_consumer.bench.contestants import DEFAULT_PEERS
 
     parser = argparse.ArgumentParser(
-        prog="pc-bench", description="parallel_consumer benchmarks (WORKLOADS.md)"
+        prog="pc-bench",
+        description="parallel_consumer benchmarks: workloads, contestants and how to read the "
+        "table in docs/benchmarks.md",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = commands.add_parser("run", help="run workloads against this library and its peers")

@@ -1747,7 +1747,9 @@ class Controller:
         return record
 
     def _failed(self, item: WorkItem, error: BaseException, finished_at: float) -> None:
-        if isinstance(error, Skip | DeadLetter):
+        if isinstance(error, Skip) or (
+            isinstance(error, DeadLetter) and self._options.dead_lettering
+        ):
             # The handler decided: not a failed attempt (the dead letter's attempt count and
             # the record's history stay as they were).
             self._give_up(item, error, decide(error, _context_of(item), finished_at, self._options))

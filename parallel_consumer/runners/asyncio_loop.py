@@ -377,7 +377,9 @@ class AsyncioRunner:
         if not pending:
             return True
         log.warning(
-            "cancelling %d async handler calls still running after %.1fs", len(pending), timeout
+            "cancelling %d async handler calls still running at close (their records are not "
+            "committed and will be processed again)",
+            len(pending),
         )
         for batch in list(self._running):
             self._cancel_task(batch, None)

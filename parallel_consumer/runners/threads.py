@@ -230,7 +230,12 @@ class ThreadRunner:
             thread.join(max(0.0, deadline - time.monotonic()))
         alive = [t.name for t in self._threads if t.is_alive()]
         if alive:
-            log.warning("handler calls still running after %.1fs: %s", timeout, ", ".join(alive))
+            log.warning(
+                "closing without %d handler calls still running (their records are not "
+                "committed and will be processed again): %s",
+                len(alive),
+                ", ".join(alive),
+            )
         return not alive
 
     def _work(self, handler: Handler, done: Callable[[WorkDone], None]) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from parallel_consumer.context import RecordContext
 from parallel_consumer.dead_letter import Reason
-from parallel_consumer.errors import DeadLetter, Skip
+from parallel_consumer.errors import NEVER_RETRIED, DeadLetter, Skip
 from parallel_consumer.options import OnExhausted, Options
 from parallel_consumer.retry import retry_delay
 
@@ -91,11 +91,15 @@ def decide(
     if isinstance(error, Skip):
         return SkipNow(error.reason or "Skip raised by the handler")
     if isinstance(error, DeadLetter):
-        return _dead_letter_or_stop(Reason.DEAD_LETTER, options, exhausted=False)
-    if options.non_retryable and isinstance(error, options.non_retryable):
-        return exhausted_decision(Reason.NON_RETRYABLE, error, record, options)
+        if not options.dead_lettering:
+            return _nowhere_to_dead_letter(Reason.DEAD_LETTER, error, record, finished_at, options)
+        return DeadLetterNow(Reason.DEAD_LETTER)
+    if isinstance(error, NEVER_RETRIED) or (
+        options.non_retryable and isinstance(error, options.non_retryable)
+    ):
+        return exhausted_decision(Reason.NON_RETRYABLE, error, record, options, finished_at)
     if options.max_retries is not None and record.attempts > options.max_retries:
-        return exhausted_decision(Reason.RETRIES_EXHAUSTED, error, record, options)
+        return exhausted_decision(Reason.RETRIES_EXHAUSTED, error, record, options, finished_at)
     delay = retry_delay(options, error, record)
     return RetryAt(finished_at + delay, delay)
 
@@ -108,10 +112,15 @@ def counts_as_attempt(error: BaseException) -> bool:
 
 
 def exhausted_decision(
-    reason: str, error: BaseException, record: RecordContext, options: Options
-) -> DeadLetterNow | SkipNow | StopNow:
+    reason: str,
+    error: BaseException,
+    record: RecordContext,
+    options: Options,
+    finished_at: float | None = None,
+) -> DeadLetterNow | SkipNow | StopNow | RetryAt:
     """``Options.on_retries_exhausted`` (or what ``retries_exhausted_callback`` returns for
-    this record) as a decision."""
+    this record) as a decision. A dead letter while dead-lettering is off is a retry (with a
+    WARNING) when ``finished_at`` is given, else a stop."""
     policy = options.on_retries_exhausted
     callback = options.retries_exhausted_callback
     if callback is not None:
@@ -142,7 +151,33 @@ def exhausted_decision(
             f"{record.attempts} failed attempts) and on_retries_exhausted is STOP: {error!r}",
             exhausted=True,
         )
+    if not options.dead_lettering and finished_at is not None:
+        return _nowhere_to_dead_letter(reason, error, record, finished_at, options)
     return _dead_letter_or_stop(reason, options, exhausted=True)
+
+
+def _nowhere_to_dead_letter(
+    reason: str, error: BaseException, record: RecordContext, finished_at: float, options: Options
+) -> RetryAt:
+    """A record is to be dead-lettered but no dead-letter topic was prepared (dead-lettering
+    is off): dropping it would lose it and stopping would halt every partition for one record,
+    so it waits for its retry delay and runs again, with a WARNING that names it and says how
+    to turn dead-lettering on (at its first attempt; DEBUG after)."""
+    level = logging.WARNING if record.attempts <= 1 else logging.DEBUG
+    log.log(
+        level,
+        "%s[%s]@%s is to be dead-lettered (%s: %r) but dead-lettering is off; it is retried "
+        "instead (attempt %d). Set Options.dead_letter_topic (or max_retries / non_retryable "
+        "with on_retries_exhausted=DEAD_LETTER) to write it to a dead-letter topic",
+        record.topic,
+        record.partition,
+        record.offset,
+        reason,
+        error,
+        record.attempts,
+    )
+    delay = retry_delay(options, error, record)
+    return RetryAt(finished_at + delay, delay)
 
 
 def _dead_letter_or_stop(

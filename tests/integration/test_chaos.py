@@ -1,4 +1,4 @@
-"""Consumer processes SIGKILLed mid-run (issue 9, the short version CI runs): nothing is lost.
+"""Consumer processes SIGKILLed mid-run (the short version CI runs): nothing is lost.
 
 Three worker processes (``tests/chaos_worker.py``) consume 30,000 keyed records (300 keys, 6
 partitions) in KEY order as one group; the test SIGKILLs a random one twice, each time starting a

@@ -1,4 +1,4 @@
-"""Property tests: a map read back with stray trailing characters (issue 9, bug 8).
+"""Property tests: a map read back with stray trailing characters.
 
 confluent-kafka returns a map the Java client committed followed by whatever bytes lie after it in
 memory, up to a NUL (``docs/offset-metadata.md``). Whatever follows, the decoding never marks an

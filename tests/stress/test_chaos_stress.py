@@ -1,4 +1,4 @@
-"""Consumer processes SIGKILLed again and again (issue 9, the stress version; not in CI).
+"""Consumer processes SIGKILLed again and again (the stress version; not in CI).
 
 ``pytest -m stress tests/stress -s``: 180,000 keyed records (600 keys, 6 partitions) consumed in
 KEY order by a group of three worker processes; a random member is SIGKILLed 16 times, one kill

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +94,16 @@ def test_list_names_every_workload_and_contestant(capsys):
 def test_plot_of_a_missing_file_fails_in_one_line(tmp_path, capsys):
     assert cli.main(["plot", str(tmp_path / "nothing.json")]) == 1
     assert capsys.readouterr().err.strip() == f"pc-bench: no such file: {tmp_path}/nothing.json"
+
+
+def test_the_help_points_at_a_page_that_exists(capsys):
+    # Given pc-bench's top-level help
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    help_text = capsys.readouterr().out
+    # Then every document it names is in the repository
+    root = Path(__file__).resolve().parents[3]
+    named = [word.strip("().,") for word in help_text.split() if word.strip("().,").endswith(".md")]
+    assert named, help_text
+    for page in named:
+        assert (root / page).is_file(), f"pc-bench --help names {page}, which does not exist"

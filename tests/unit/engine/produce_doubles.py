@@ -1,6 +1,7 @@
-"""Shared by the tests of runs that produce (test_produce_runs.py and the review files): input
-records on the fake cluster, and a controller stepped by hand whose runner and producer only
-record what they are handed (the test plays the worker and the broker)."""
+"""Shared by the tests of runs that produce (test_produce_runs.py and
+test_produce_runs_failed_*.py): input records on the fake cluster, and a controller stepped by
+hand whose runner and producer only record what they are handed (the test plays the worker and
+the broker)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 import threading
+import time
 
-from parallel_consumer import CommitMode, InternalError, InvalidMetadataPolicy, Options, PollContext
+import pytest
+from confluent_kafka import KafkaError
+
+from parallel_consumer import (
+    CommitMode,
+    InternalError,
+    InvalidMetadataPolicy,
+    Options,
+    PollContext,
+    Retry,
+)
 from parallel_consumer.kafka import poller as poller_module
 from parallel_consumer.offsets import decode_offset_map, encode_offset_map
 
@@ -377,4 +388,54 @@ def test_consume_waits_briefly_while_records_are_held_so_commits_go_out_soon(
     seen = len(timeouts)
     wait_until(lambda: len(timeouts) >= seen + 3)
     assert timeouts[-1] == poller_module.POLL_TIMEOUT
+    pc.close()
+
+
+def test_a_permanent_commit_error_stops_the_consumer_with_a_clear_error(harness, cluster):
+    # Given a broker that rejects the offset map as too large
+    cluster.create_topic("t", 1)
+    for i in range(5):
+        cluster.produce("t", b"%d" % i, partition=0)
+    pc = harness.make(Options(commit_interval=0.05))
+    pc.poll(lambda ctx: None)
+    harness.consumers[0].fail_next_commits(100, code=KafkaError.OFFSET_METADATA_TOO_LARGE)
+    # When the engine commits, Then it stops (rather than retrying forever) and says what to do
+    with pytest.raises(InternalError, match="max_metadata_bytes"):
+        pc.wait(timeout=20)
+    assert isinstance(pc.failure, InternalError)
+
+
+@pytest.mark.parametrize("ordering", ["unordered", "key"])
+def test_a_blocked_partition_runs_holes_that_appear_above_its_first_limit(
+    harness, cluster, wait_until, ordering
+):
+    # Given a tiny metadata limit, holes below the coming limit, and records in flight when the
+    # partition gets blocked, some of which then fail (holes above the limit it was blocked at)
+    cluster.create_topic("t", 1)
+    for i in range(200):
+        cluster.produce("t", b"%d" % i, key=b"%d" % i, partition=0)
+    attempts: dict[int, int] = {}
+    done: set[int] = set()
+    lock = threading.Lock()
+
+    def handle(ctx: PollContext) -> None:
+        offset = ctx.offset
+        with lock:
+            attempts[offset] = attempts.get(offset, 0) + 1
+            first = attempts[offset] == 1
+        if offset in (3, 20, 40, 60) and first:
+            raise Retry(delay=2.0)
+        if offset >= 80:
+            time.sleep(0.5)  # the work: in flight when the partition is blocked
+            if offset in (85, 100, 120, 140) and first:
+                raise Retry(delay=0.01)
+        with lock:
+            done.add(offset)
+
+    pc = harness.make(
+        Options(ordering=ordering, max_concurrency=64, max_metadata_bytes=16, commit_interval=0.05)
+    )
+    pc.poll(handle)
+    # Then every record is handled (it used to stop at 156, the holes above 79 parked forever)
+    wait_until(lambda: len(done) == 200, timeout=30, what="every record handled")
     pc.close()

@@ -183,23 +183,6 @@ def test_dead_letter_signal_sends_at_once_with_the_cause_in_the_headers(
     assert _committed(cluster) == 1
 
 
-def test_dead_letter_signal_with_dead_lettering_off_stops_the_consumer(
-    harness, cluster, wait_until
-):
-    cluster.create_topic("t")
-    cluster.produce("t", b"x", key=b"k")
-    pc = harness.make(Options())
-
-    @pc.poll
-    def handle(ctx: PollContext) -> None:
-        raise DeadLetter("bad")
-
-    with pytest.raises(RetriesExhausted, match="dead-lettering is off"):
-        pc.wait(10)
-    assert isinstance(pc.failure, RetriesExhausted)
-    assert _committed(cluster) is None
-
-
 def test_non_retryable_errors_go_straight_to_the_dead_letter_topic(harness, cluster, wait_until):
     cluster.create_topic("t")
     cluster.produce("t", b"x", key=b"k")

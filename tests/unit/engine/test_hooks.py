@@ -192,3 +192,52 @@ def test_partition_totals_count_every_assignment_and_stay_after_a_revoke(
     pc.close()
     # Then the totals hold both assignments of t[0]
     assert totals == {("t", 0): (3, 1), ("t", 1): (3, 0)}
+
+
+def test_a_hooks_object_with_an_attribute_named_active_still_gets_its_methods_called():
+    """Claim: a user's hooks still get every method they implement (NoHooks
+    subclasses and duck-typed objects, through guarded() and combine_hooks).
+
+    Reproduction: a NoHooks subclass that overrides on_rebalance and keeps the partitions it
+    was given in a frozenset attribute named ``active`` (a natural name for "partitions
+    assigned now"). active_hooks() returns that attribute as the set of implemented hook
+    methods, so guarded() (what ParallelConsumer installs) and combine_hooks() turn
+    on_rebalance into the NoHooks no-op.
+
+    Before the fix: on_rebalance is never called, through guarded() nor through combine_hooks().
+    """
+    from parallel_consumer import NoHooks
+    from parallel_consumer.hooks import guarded
+    from parallel_consumer.telemetry import combine_hooks
+
+    class Assigned(NoHooks):
+        def __init__(self) -> None:
+            self.active: frozenset[tuple[str, int]] = frozenset()
+            self.calls = 0
+
+        def on_rebalance(self, kind: str, partitions: Any) -> None:
+            self.calls += 1
+            if kind == "assigned":
+                self.active = self.active | set(partitions)
+
+    mine = Assigned()
+    guarded(mine).on_rebalance("assigned", [("t", 0)])
+    combine_hooks(mine, Assigned()).on_rebalance("assigned", [("t", 1)])
+    assert mine.calls == 2
+    assert mine.active == {("t", 0), ("t", 1)}
+
+
+def test_a_hook_raising_system_exit_does_not_strand_records(harness, cluster, wait_until):
+    class Exits(NoHooks):
+        def on_call_end(self, batch: int, context: PollContext, error: object) -> None:
+            raise SystemExit(1)
+
+    cluster.create_topic("t", 1)
+    for i in range(20):
+        cluster.produce("t", b"%d" % i, partition=0)
+    done: list[int] = []
+    pc = harness.make(Options(ordering="partition"), hooks=Exits())
+    pc.poll(lambda ctx: done.append(ctx.offset))
+    wait_until(lambda: len(done) == 20)
+    pc.close()
+    assert cluster.committed("g", "t", 0) == (20, None)

@@ -119,3 +119,44 @@ def test_batches_hold_up_to_batch_size_records(harness, cluster, wait_until):
     wait_until(lambda: sum(sizes) == 300)
     assert max(sizes) == 10
     assert all(1 <= s <= 10 for s in sizes)
+
+
+@pytest.mark.parametrize("ordering", ["key", "partition"])
+def test_a_lane_never_runs_beside_a_stale_call_of_its_own_after_a_reassignment(
+    harness, cluster, wait_until, ordering
+):
+    # Given two records of one key, the first call of offset 0 slow
+    cluster.create_topic("t", 1)
+    cluster.produce("t", b"a0", key=b"A", partition=0)
+    cluster.produce("t", b"a1", key=b"A", partition=0)
+    gate = threading.Event()
+    lock = threading.Lock()
+    running = [0]
+    most = [0]
+    ends: list[int] = []
+
+    def handle(ctx: PollContext) -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            first = ctx.offset == 0 and not ends and running[0] == 1
+        if first:
+            gate.wait(10)
+        with lock:
+            running[0] -= 1
+            ends.append(ctx.offset)
+
+    pc = harness.make(Options(ordering=ordering, max_concurrency=4))
+    pc.poll(handle)
+    wait_until(lambda: running[0] == 1)
+    # When the partition is revoked and assigned back to this member while the call runs
+    consumer = harness.consumers[0]
+    consumer.rebalance(revoke=[("t", 0)])
+    consumer.rebalance(assign=[("t", 0)])
+    wait_until(lambda: [p.epoch for p in pc.statistics().partitions] == [2])
+    gate.set()
+    wait_until(lambda: ends.count(0) == 2 and 1 in ends)
+    pc.close()
+    # Then the lane never had two calls at once, and the new call of 0 ran after the stale one
+    assert most[0] == 1
+    assert ends[0] == 0

@@ -367,7 +367,7 @@ def test_a_run_of_calls_of_milliseconds_is_detached_within_40_ms(call, look):
 
 def test_a_revoke_commits_what_the_run_out_already_finished():
     """Records a run finished before a revoke are committed by the revoke's final commit: the
-    partition's next owner must not run them again (review finding F4)."""
+    partition's next owner must not run them again."""
     from concurrent.futures import Future
 
     from confluent_kafka import Message
@@ -404,7 +404,7 @@ def test_a_revoke_commits_what_the_run_out_already_finished():
 def test_a_hung_call_of_a_detached_run_holds_one_slot_of_the_call_limit():
     """A detached run's call in progress is a single call of the in-flight table, and its run
     stays out until the worker reports: the call must count once against the call limit, not
-    twice, or every hung call costs the engine one more worker (review finding F3)."""
+    twice, or every hung call costs the engine one more worker."""
     from confluent_kafka import Message
     from doubles import RunTaker
 

@@ -2,8 +2,7 @@
 operation (chains, retries, put-backs, blocked partitions, revokes with stale calls, runs),
 checked after each step against a model: no lane lost or scheduled twice, counts exact, one
 record out per lane, nothing beside a stale call of its lane, blocked limits kept; drained at
-the end, every record ran exactly once in lane order. (Written by the review of
-take_longest.)"""
+the end, every record ran exactly once in lane order."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Each test checks the exactly-once rule on what the fake producer committed: an input's offset
 is committed only in a transaction that also holds its output, and an output only in one that
-holds (or precedes) its input's offset. Several of these were found by an adversarial review.
+holds (or precedes) its input's offset. Several failed on an earlier version of the mode.
 """
 
 from __future__ import annotations

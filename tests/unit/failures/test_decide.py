@@ -16,6 +16,7 @@ from parallel_consumer import (
     Skip,
 )
 from parallel_consumer.dead_letter import Reason
+from parallel_consumer.errors import InvalidOutput, SerializationError
 from parallel_consumer.retry import retry_delay
 from parallel_consumer.work.outcomes import (
     DeadLetterNow,
@@ -94,12 +95,28 @@ def test_signals_skip_and_dead_letter_at_once_whatever_the_attempts() -> None:
     assert decide(DeadLetter("bad"), _record(0), 0.0, options) == DeadLetterNow(Reason.DEAD_LETTER)
 
 
-def test_dead_letter_with_dead_lettering_off_stops_with_a_message_saying_how_to_turn_it_on() -> (
-    None
-):
-    decision = decide(DeadLetter("bad"), _record(0), 0.0, Options())
-    assert isinstance(decision, StopNow)
-    assert "dead_letter_topic" in decision.message
+def test_dead_letter_with_dead_lettering_off_retries_with_a_warning_saying_how_to_turn_it_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Nowhere to write it: neither dropped (lost) nor a stop (every partition halted)
+    with caplog.at_level("WARNING", logger="parallel_consumer"):
+        decision = decide(DeadLetter("bad"), _record(1), 5.0, Options(retry_delay=2.0))
+    assert decision == RetryAt(7.0, 2.0)
+    assert "dead_letter_topic" in caplog.text
+    assert "is to be dead-lettered" in caplog.text
+
+
+def test_never_retried_errors_go_to_the_policy_at_the_first_failure() -> None:
+    options = Options(dead_letter_topic="dlq")
+    for error in (SerializationError("bad bytes"), InvalidOutput("a str")):
+        assert decide(error, _record(1), 0.0, options) == DeadLetterNow(
+            Reason.NON_RETRYABLE, exhausted=True
+        )
+
+
+def test_never_retried_errors_with_the_stop_policy_stop() -> None:
+    options = Options(on_retries_exhausted=OnExhausted.STOP)
+    assert isinstance(decide(InvalidOutput("a str"), _record(1), 0.0, options), StopNow)
 
 
 def test_non_retryable_types_and_subclasses_go_to_the_policy_at_the_first_failure() -> None:

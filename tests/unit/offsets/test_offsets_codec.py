@@ -233,7 +233,7 @@ def test_incompletes_below_base_are_ignored() -> None:
     assert decode_offset_map(10, encoded.metadata).incomplete == (10, 12)
 
 
-# --- Any iterable of offsets (issue 9, bug 7): order and duplicates do not matter ---
+# --- Any iterable of offsets: order and duplicates do not matter ---
 
 WORKED = [100, 103]
 
@@ -469,7 +469,7 @@ def test_a_bitset_shorter_than_an_encoder_writes_is_refused_when_read_back() -> 
         decode_offset_map(0, short)
 
 
-# --- Reading back with stray trailing characters (issue 9, bug 8) ---
+# --- Reading back with stray trailing characters ---
 # confluent-kafka returns a map the Java client committed followed by whatever bytes follow it
 # in memory, up to a NUL (docs/offset-metadata.md).
 

@@ -1,8 +1,9 @@
 """OpenTelemetry metrics on the fakes: counters fed by the hooks, gauges read from statistics(),
-the record-fate hooks of issue #11, combined hooks, and "no SDK configured"."""
+the record-fate hooks, combined hooks, and "no SDK configured"."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -13,7 +14,7 @@ from opentelemetry import metrics, trace
 from parallel_consumer import ConfigurationError, NoHooks, Options, PollContext, RecordContext
 from parallel_consumer.telemetry import STATUS_VALUES, Telemetry, combine_hooks
 from parallel_consumer.telemetry._metrics import MetricsHooks, encoding_of
-from parallel_consumer.testing.fakes import Message
+from parallel_consumer.testing.fakes import FakeCluster, Message
 
 BASE = (("group", "g"), ("pcinstance", "i1"))
 
@@ -129,7 +130,7 @@ def test_no_sdk_configured_records_nothing_wraps_nothing_and_raises_nothing(cons
 
 
 def test_record_fate_hooks_count_retries_dead_letters_and_skips(otel):
-    # (Issue #11 calls these; here they are called as the engine will.)
+    # (The engine's failure handling calls these; here they are called as it does.)
     hooks = MetricsHooks(otel.meters.get_meter("t"), base=dict(BASE), slow_after=10.0)
     record = RecordContext(Message(topic="t", partition=1, offset=5, value=b"x"))
     hooks.on_retry(record, ValueError("x"), 1.0)
@@ -268,7 +269,7 @@ def test_the_engine_samples_one_call_per_interval_plus_every_slow_call(otel, con
 
 
 def test_health_gauges_read_the_health_report_once_the_consumer_has_one(otel, consumers, wait):
-    # (ParallelConsumer.health() comes with issue #11; attach() takes it as health=.)
+    # (attach() takes ParallelConsumer.health as health=.)
     _fill(consumers.cluster, 2)
     pc = consumers.make(Options(commit_interval=0.05))
     pc.poll(lambda ctx: None)
@@ -292,3 +293,71 @@ def test_health_gauges_read_the_health_report_once_the_consumer_has_one(otel, co
     telemetry.closed()
     otel.reader.get_metrics_data()
     assert otel.points("pc.healthy") == {}
+
+
+def _slow_points(reader: Any) -> dict[tuple[str, int], int]:
+    data = reader.get_metrics_data()
+    out: dict[tuple[str, int], int] = {}
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == "pc.slow.records":
+                    for point in metric.data.data_points:
+                        attrs = point.attributes
+                        out[(attrs["topic"], attrs["partition"])] = point.value
+    return out
+
+
+def test_a_call_abandoned_past_its_deadline_counts_as_slow():
+    """Claim: pc.slow.records is exact: every call longer than slow_after is
+    sampled. (Before the change on_work_done, which _abandon calls, counted it.)
+
+    Reproduction: Telemetry(slow_after=0.05) with an in-memory reader, processing_timeout=0.3,
+    a handler whose first call of offset 0 takes 1.5 s: the engine abandons it after 0.3 s
+    (far longer than slow_after) and retries the record, which then succeeds fast. The late
+    result of the abandoned call is ignored (_work_done returns before _sample).
+
+    Before the fix: pc.slow.records reports nothing for t[0], although a call of its record ran
+    (and was abandoned) far beyond slow_after.
+    """
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from parallel_consumer import Options, ParallelConsumer
+    from parallel_consumer.telemetry import Telemetry
+
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    cluster = FakeCluster()
+    cluster.create_topic("t", 1)
+    cluster.produce("t", b"0", partition=0)
+    attempts: list[int] = []
+    done = threading.Event()
+    first_returned = threading.Event()
+
+    def handle(ctx: PollContext) -> None:
+        attempts.append(ctx.offset)
+        if len(attempts) == 1:
+            time.sleep(1.5)
+            first_returned.set()
+            return
+        done.set()
+
+    pc = ParallelConsumer(
+        {"bootstrap.servers": "fake:9092", "group.id": "g"},
+        Options(processing_timeout=0.3, max_concurrency=2),
+        telemetry=Telemetry(meter_provider=meters, slow_after=0.05),
+        consumer_factory=cluster.consumer,
+        producer_factory=cluster.producer,
+        admin_factory=cluster.admin,
+    )
+    pc.subscribe(["t"])
+    try:
+        pc.poll(handle)
+        assert done.wait(10), "the record was retried after its deadline"
+        assert first_returned.wait(10)  # the abandoned call returned (its result is ignored)
+        assert pc.statistics().deadline_exceeded == 1
+        assert _slow_points(reader).get(("t", 0), 0) >= 1
+    finally:
+        pc.close(drain=False, timeout=5)
+        meters.shutdown()

@@ -1,9 +1,10 @@
-"""Reproducers of an adversarial review of the asyncio and process runners (review-13).
+"""The runner contract (``runners/base.py``) and the docs' promises, on the asyncio and process
+runners: async handlers are recognised and awaited, a handler's SystemExit or GeneratorExit stays
+contained, close() leaves no loop or call running, values that cannot cross the process pipe fail
+only their own call, and worker processes that cannot load or start are handled.
 
-Each test states a guarantee the docs or the runner contract (``runners/base.py``) make, and
-failed on the code as it was reviewed (each was marked ``xfail(strict=True)`` until its fix);
-they stay as regression tests. Handlers the process runner uses are module-level functions: worker
-processes are spawned and import them by name.
+Each test failed on an earlier version of the runners and now guards the fix. Handlers the process
+runner uses are module-level functions: worker processes are spawned and import them by name.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Pair(tuple):  # type: ignore[type-arg]
         return super().__new__(cls, (a, b))
 
 
-def review_handler(ctx: PollContext) -> object:
+def worker_handler(ctx: PollContext) -> object:
     if ctx.value == b"pair":
         return Pair(ctx.offset, 0)
     if ctx.value == b"slow":
@@ -50,7 +51,7 @@ def review_handler(ctx: PollContext) -> object:
         time.sleep(60)
     if ctx.value == b"hold-gil":
         # CPU-bound C code that keeps the GIL (a regex backtracking here; a C parser or
-        # model elsewhere): about 3.5 s on the review machine
+        # model elsewhere): about 3.5 s on a laptop
         re.match(r"(a|aa)+$", "a" * 36 + "b")
     return ctx.offset
 
@@ -136,7 +137,7 @@ def threads_named(suffix: str) -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.endswith(suffix) and t.is_alive()]
 
 
-# -- finding 1: a decorated async def handler is run on the thread runner and never awaited ------
+# -- async handlers behind a decorator are awaited (they were run on the thread runner) ------------
 
 
 def logged(function: Callable[[PollContext], Any]) -> Callable[[PollContext], Any]:
@@ -186,7 +187,7 @@ def async_generator_handler(ran: list[int]) -> Callable[[PollContext], Any]:
     [decorated_handler, partial_of_async_object],
     ids=["sync-decorator", "partial-of-async-callable"],
 )
-def test_finding_1_a_wrapped_async_handler_is_never_awaited_yet_its_records_commit(make_handler):
+def test_a_wrapped_async_handler_commits_only_records_whose_body_ran(make_handler):
     # Given 5 records and an async handler behind a synchronous wrapper
     cluster = FakeCluster()
     cluster.create_topic("t")
@@ -207,7 +208,7 @@ def test_finding_1_a_wrapped_async_handler_is_never_awaited_yet_its_records_comm
     assert set(range(done)) <= set(ran), f"committed up to {done}, handler bodies ran for {ran}"
 
 
-def test_finding_1_an_async_generator_handler_is_refused_at_poll():
+def test_an_async_generator_handler_is_refused_at_poll():
     # Given an async def with a stray ``yield``: calling it runs nothing until it is iterated,
     # so no runner can process records with it
     cluster = FakeCluster()
@@ -227,7 +228,7 @@ def test_finding_1_an_async_generator_handler_is_refused_at_poll():
 
 
 @pytest.mark.parametrize("runner", ["threads", "asyncio"])
-def test_finding_1_a_call_returning_a_coroutine_or_async_generator_fails(runner):
+def test_a_call_returning_a_coroutine_or_async_generator_fails(runner):
     # Given handlers whose async nature cannot be seen: a lambda around an async def, and one
     # around an async generator function
     async def coroutine_function(ctx: PollContext) -> None:
@@ -242,9 +243,9 @@ def test_finding_1_a_call_returning_a_coroutine_or_async_generator_fails(runner)
     }
     results = Results()
     run: AsyncioRunner | ThreadRunner = (
-        AsyncioRunner(2, SystemClock(), name="review")
+        AsyncioRunner(2, SystemClock(), name="contract")
         if runner == "asyncio"
-        else ThreadRunner(2, SystemClock(), name="review")
+        else ThreadRunner(2, SystemClock(), name="contract")
     )
     run.start(handlers[runner], results)
     try:
@@ -259,7 +260,7 @@ def test_finding_1_a_call_returning_a_coroutine_or_async_generator_fails(runner)
         run.stop(1.0)
 
 
-# -- finding 2: SystemExit / KeyboardInterrupt in a task a handler awaits kills the event loop ---
+# -- SystemExit / KeyboardInterrupt in a task a handler awaits (it killed the event loop) ----------
 
 
 async def exit_now() -> None:
@@ -267,7 +268,7 @@ async def exit_now() -> None:
 
 
 @pytest.mark.parametrize("how", ["wait_for", "gather"])
-def test_finding_2_system_exit_in_an_awaited_task_stops_every_other_call(how):
+def test_system_exit_in_an_awaited_task_stops_every_other_call(how):
     # Given 10 records of distinct keys; the first attempt at record 0 awaits a helper that
     # calls sys.exit() (through wait_for / gather, which wrap it in a task)
     cluster = FakeCluster()
@@ -300,7 +301,7 @@ def test_finding_2_system_exit_in_an_awaited_task_stops_every_other_call(how):
             pc.close(drain=False, timeout=1.0)
 
 
-# -- finding 3: GeneratorExit raised by an async handler: the call never reports ----------------
+# -- GeneratorExit raised by an async handler: the call still reports ------------------------------
 
 
 @pytest.fixture
@@ -311,7 +312,7 @@ def aio_runners() -> Iterator[list[AsyncioRunner]]:
         runner.stop(0.0)
 
 
-def test_finding_3_a_handler_raising_generator_exit_still_reports_its_call(aio_runners):
+def test_a_handler_raising_generator_exit_still_reports_its_call(aio_runners):
     # Given an asyncio runner whose handler raises GeneratorExit for record 0
     async def handle(ctx: PollContext) -> int:
         await asyncio.sleep(0)
@@ -320,7 +321,7 @@ def test_finding_3_a_handler_raising_generator_exit_still_reports_its_call(aio_r
         return ctx.offset
 
     results = Results()
-    runner = AsyncioRunner(10, SystemClock(), name="review")
+    runner = AsyncioRunner(10, SystemClock(), name="contract")
     runner.start(handle, results)  # type: ignore[arg-type]
     aio_runners.append(runner)
     # When two calls run
@@ -332,10 +333,10 @@ def test_finding_3_a_handler_raising_generator_exit_still_reports_its_call(aio_r
     assert isinstance(reported[0].errors[0], GeneratorExit)
 
 
-# -- finding 4: close() returns with the event loop still running (asyncio.to_thread) ----------
+# -- close() stops the event loop, even behind an asyncio.to_thread call ---------------------------
 
 
-def test_finding_4_close_leaves_the_event_loop_running_behind_a_to_thread_call():
+def test_close_stops_the_event_loop_behind_a_to_thread_call():
     # Given an async handler that moves its blocking part to a thread, as the docs advise
     cluster = FakeCluster()
     cluster.create_topic("t")
@@ -363,19 +364,19 @@ def test_finding_4_close_leaves_the_event_loop_running_behind_a_to_thread_call()
         wait_until(lambda: not threads_named("-aio-loop"), timeout=10)
 
 
-# -- finding 5: one value that does not survive the pipe kills the process runner's pool thread -
+# -- a value that does not survive the pipe fails its own call, not the pool thread ----------------
 
 
 @pytest.fixture
 def process_runner() -> Iterator[tuple[ProcessRunner, Results]]:
     results = Results()
-    runner = ProcessRunner(1, SystemClock(), name="review")
-    runner.start(review_handler, results)
+    runner = ProcessRunner(1, SystemClock(), name="contract")
+    runner.start(worker_handler, results)
     yield runner, results
     runner.stop(1.0)
 
 
-def test_finding_5_a_result_that_cannot_be_unpickled_stops_the_process_runner(process_runner):
+def test_a_result_that_cannot_be_unpickled_fails_only_its_own_call(process_runner):
     runner, results = process_runner
     # Given a call whose handler returns a value that cannot be rebuilt in the parent
     runner.submit(0, context(0, b"slow"))
@@ -395,7 +396,7 @@ def test_finding_5_a_result_that_cannot_be_unpickled_stops_the_process_runner(pr
     [threading.Lock(), Pair(1, 2)],
     ids=["unpicklable-record", "record-not-unpicklable-in-worker"],
 )
-def test_finding_5_a_record_that_cannot_cross_to_the_worker_stalls_the_process_runner(
+def test_a_record_that_cannot_cross_to_the_worker_fails_only_its_own_call(
     process_runner, bad_value
 ):
     runner, results = process_runner
@@ -410,10 +411,10 @@ def test_finding_5_a_record_that_cannot_cross_to_the_worker_stalls_the_process_r
     assert [reported[b].errors for b in (1, 2)] == [(None,)] * 2
 
 
-# -- finding 6: handler calls start after close() returned (a loop blocked by a sync call) ------
+# -- no handler call starts after close() returned (a loop blocked by a sync call) -----------------
 
 
-def test_finding_6_no_handler_call_starts_after_close_returned_when_the_loop_was_blocked():
+def test_no_handler_call_starts_after_close_returned_when_the_loop_was_blocked():
     # Given 5 calls started together; the first blocks the event loop with a sync call
     cluster = FakeCluster()
     cluster.create_topic("t")
@@ -445,14 +446,14 @@ def test_finding_6_no_handler_call_starts_after_close_returned_when_the_loop_was
         wait_until(lambda: not threads_named("-aio-loop"), timeout=10)
 
 
-# -- finding 7: a replacement worker that cannot load the handler is respawned forever ----------
+# -- a replacement worker that cannot load the handler is not respawned forever --------------------
 
 
-def test_finding_7_a_replacement_that_cannot_load_the_handler_is_not_respawned_forever(tmp_path):
+def test_a_replacement_that_cannot_load_the_handler_is_not_respawned_forever(tmp_path):
     # Given a one-process runner whose handler loaded fine at start
     marker = tmp_path / "module-gone"
     results = Results()
-    runner = ProcessRunner(1, SystemClock(), name="review")
+    runner = ProcessRunner(1, SystemClock(), name="contract")
     runner.start(Reloadable(str(marker)), results)
     try:
         # When the handler can no longer be loaded (a deploy changed the code) and the worker
@@ -468,10 +469,10 @@ def test_finding_7_a_replacement_that_cannot_load_the_handler_is_not_respawned_f
         runner.stop(1.0)
 
 
-def test_finding_7_a_replacement_that_cannot_be_spawned_is_tried_again_later(tmp_path, monkeypatch):
+def test_a_replacement_that_cannot_be_spawned_is_tried_again_later(tmp_path, monkeypatch):
     # Given a one-process runner that started fine
     results = Results()
-    runner = ProcessRunner(1, SystemClock(), name="review")
+    runner = ProcessRunner(1, SystemClock(), name="contract")
     runner.start(Reloadable(str(tmp_path / "absent")), results)
     try:
         # When its worker crashes and no process can be started any more (EMFILE)
@@ -489,10 +490,10 @@ def test_finding_7_a_replacement_that_cannot_be_spawned_is_tried_again_later(tmp
         runner.stop(1.0)
 
 
-# -- finding 8: a worker that cannot be spawned: a raw OSError, and the others left running ----
+# -- a worker that cannot be spawned: a ConfigurationError, nothing left running -------------------
 
 
-def test_finding_8_a_failed_spawn_is_a_configuration_error_and_leaves_nothing_running(
+def test_a_failed_spawn_is_a_configuration_error_and_leaves_nothing_running(
     monkeypatch,
 ):
     import multiprocessing
@@ -507,12 +508,12 @@ def test_finding_8_a_failed_spawn_is_a_configuration_error_and_leaves_nothing_ru
 
     monkeypatch.setattr(ProcessRunner, "_spawn", spawn_two)
     before = set(multiprocessing.active_children())
-    runner = ProcessRunner(3, SystemClock(), name="review")
+    runner = ProcessRunner(3, SystemClock(), name="contract")
     try:
         # When the runner starts with processes=3
         raised: BaseException | None = None
         try:
-            runner.start(review_handler, Results())
+            runner.start(worker_handler, Results())
         except Exception as exc:
             raised = exc
         runner.stop(1.0)
@@ -526,10 +527,10 @@ def test_finding_8_a_failed_spawn_is_a_configuration_error_and_leaves_nothing_ru
             process.join(5)
 
 
-# -- finding 9: calls a worker ran when stop() terminated it report WorkerCrashed -----------------
+# -- calls a worker ran when stop() terminated it report CallCancelled, not WorkerCrashed ----------
 
 
-def test_finding_9_calls_terminated_at_stop_report_call_cancelled(process_runner):
+def test_calls_terminated_at_stop_report_call_cancelled(process_runner):
     from parallel_consumer.runners import CallCancelled
 
     runner, results = process_runner
@@ -544,10 +545,10 @@ def test_finding_9_calls_terminated_at_stop_report_call_cancelled(process_runner
     assert [type(e).__name__ for e in reported[0].errors] == [CallCancelled.__name__]
 
 
-# -- finding 10: a finished call's result waits in the worker for the whole next call ------------
+# -- a finished call's result does not wait in the worker for the whole next call ------------------
 
 
-def test_finding_10_a_finished_result_is_not_held_back_by_the_next_call(process_runner):
+def test_a_finished_result_is_not_held_back_by_the_next_call(process_runner):
     runner, results = process_runner
     # Given a call of 0.3 s and, queued behind it in the same worker, a call that runs long
     runner.submit(0, context(0, b"slow"))
@@ -560,10 +561,10 @@ def test_finding_10_a_finished_result_is_not_held_back_by_the_next_call(process_
     assert reported[0].errors == (None,)
 
 
-# -- findings 5 and 10 through the engine: what a user of ParallelConsumer sees -----------------
+# -- the pipe and held-back results through the engine: what a user sees ---------------------------
 
 
-def test_finding_5_engine_one_bad_return_value_silently_stops_the_consumer():
+def test_one_bad_return_value_neither_stalls_nor_silently_stops_the_consumer():
     # Given 10 records; the handler returns a value that cannot be unpickled for record 0
     cluster = FakeCluster()
     cluster.create_topic("t")
@@ -573,7 +574,7 @@ def test_finding_5_engine_one_bad_return_value_silently_stops_the_consumer():
         cluster,
         Options(runner="process", processes=1, ordering="unordered", retry_delay=0.05),
     )
-    pc.poll(review_handler)
+    pc.poll(worker_handler)
     try:
         # When it runs: then the other 9 records complete, or the consumer fails loudly
         wait_until(
@@ -590,7 +591,7 @@ def test_finding_5_engine_one_bad_return_value_silently_stops_the_consumer():
             pc.close(drain=False, timeout=0.5)
 
 
-def test_finding_10_engine_a_finished_record_is_not_committed_at_close():
+def test_a_record_finished_behind_a_long_call_is_committed_at_close():
     # Given record 0 (0.3 s) and record 1 (runs long), both shipped to the only worker
     cluster = FakeCluster()
     cluster.create_topic("t")
@@ -599,12 +600,12 @@ def test_finding_10_engine_a_finished_record_is_not_committed_at_close():
     pc = consumer(
         cluster, Options(runner="process", processes=1, ordering="unordered", commit_interval=60)
     )
-    pc.poll(review_handler)
+    pc.poll(worker_handler)
     try:
         wait_until(lambda: pc.statistics().in_flight == 2, timeout=10)
         # record 0's handler finishes (waited for, not given a fixed second: the worker
         # process may start the call late on a loaded machine; held back behind record 1, as
-        # the finding was, its result never comes and the checks below fail)
+        # it was before the fix, its result never comes and the checks below fail)
         wait_until(lambda: pc.statistics().records_succeeded == 1, timeout=10)
     finally:
         # When the consumer closes, giving the long call 1 s
@@ -616,17 +617,17 @@ def test_finding_10_engine_a_finished_record_is_not_committed_at_close():
     assert pc.statistics().records_succeeded == 1
 
 
-# -- finding 11: one worker in GIL-holding code blocks the pool thread and so every worker -------
+# -- one worker in GIL-holding code does not block the pool thread and so every worker -------------
 
 
-def test_finding_11_a_worker_holding_the_gil_does_not_stall_the_other_workers():
+def test_a_worker_holding_the_gil_does_not_stall_the_other_workers():
     arrivals: dict[int, float] = {}
 
     def done(event: WorkDone) -> None:
         arrivals[event.batch] = time.monotonic()
 
-    runner = ProcessRunner(2, SystemClock(), name="review")
-    runner.start(review_handler, done)
+    runner = ProcessRunner(2, SystemClock(), name="contract")
+    runner.start(worker_handler, done)
     try:
         # Given one worker busy in C code that keeps the GIL for about 2 s
         runner.submit(0, context(0, b"hold-gil"))
@@ -645,7 +646,7 @@ def test_finding_11_a_worker_holding_the_gil_does_not_stall_the_other_workers():
         runner.stop(1.0)
 
 
-def test_finding_1_a_decorated_async_handler_is_refused_by_the_asyncio_runner():
+def test_a_decorated_async_handler_is_refused_by_the_asyncio_runner():
     cluster = FakeCluster()
     cluster.create_topic("t")
     cluster.produce("t", b"0", key=b"k")

@@ -1,5 +1,9 @@
-"""Review of issue #11 (failure handling): confirmed findings, each an xfail(strict=True)
-reproducer that fails on the current code. Runs on the fakes (no broker)."""
+"""Failure handling at its edges, on the fakes (no broker): retry delays that are NaN, infinite
+or zero, the stall policy's dead letters (whatever max_retries, for calls that keep timing out,
+not for a record still waiting for a worker), dead letters whose transaction aborts or whose
+error cannot be printed, results past their deadline, callbacks raising SystemExit, a regex
+subscription matching the dead-letter topic, and close cancelling calls. Each failed on an
+earlier version of the failure handling."""
 
 from __future__ import annotations
 
@@ -70,9 +74,6 @@ def stepped() -> Iterator[tuple[Controller, RecordingRunner, FakeCluster, FakeCl
         outputs.close(abort=False)
 
 
-# -- finding 1 ----------------------------------------------------------------------------------
-
-
 def test_retry_with_a_nan_delay_never_gives_a_nan_backoff() -> None:
     # Retry's constructor only rejects delay < 0, which NaN is not; retry_delay returns
     # error.delay without the `seconds >= 0` check the provider's value gets.
@@ -116,9 +117,6 @@ def test_a_nan_retry_delay_does_not_block_the_retries_of_other_partitions(steppe
     controller.run_once(block=False)
     values = [ctx.record.value for _, ctx in runner.submitted[2:]]
     assert b"b" in values
-
-
-# -- finding 2 ----------------------------------------------------------------------------------
 
 
 class _StallHooks(NoHooks):
@@ -173,9 +171,6 @@ def test_on_stall_dead_letter_writes_a_stalled_letter_whatever_max_retries(
         release.set()
 
 
-# -- finding 3 ----------------------------------------------------------------------------------
-
-
 def test_a_dead_lettered_record_whose_transaction_aborts_keeps_its_attempts(cluster, wait_until):
     from parallel_consumer import CommitMode, ParallelConsumer, ProducerRecord
     from parallel_consumer.testing.fakes import FakeProducer
@@ -224,9 +219,6 @@ def test_a_dead_lettered_record_whose_transaction_aborts_keeps_its_attempts(clus
     assert calls == [0, 1, 2], calls
 
 
-# -- finding 4 ----------------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize("source", ["provider", "signal"])
 def test_an_infinite_retry_delay_is_not_accepted(source) -> None:
     record = RecordContext(None, 1)  # type: ignore[arg-type]
@@ -242,17 +234,11 @@ def test_an_infinite_retry_delay_is_not_accepted(source) -> None:
     assert math.isfinite(delay)
 
 
-# -- finding 5 ----------------------------------------------------------------------------------
-
-
 def test_zero_initial_backoff_stays_zero_for_many_attempts() -> None:
     from parallel_consumer import exponential_backoff
 
     provider = exponential_backoff(initial=0, multiplier=2, max=60, jitter=0)
     assert provider(RecordContext(None, 1100)) == 0  # type: ignore[arg-type]
-
-
-# -- finding 6 ----------------------------------------------------------------------------------
 
 
 def dead_letter_from_cause(ctx: PollContext) -> None:
@@ -273,9 +259,6 @@ def test_process_runner_dead_letter_headers_name_the_cause(harness, cluster, wai
     info = read_dead_letter(cluster.records("dlq")[0].headers())
     assert info is not None
     assert info.error_type == "builtins.ValueError", info.error_type
-
-
-# -- finding 7 ----------------------------------------------------------------------------------
 
 
 def test_health_overrunning_calls_are_part_of_deadline_exceeded(
@@ -303,9 +286,6 @@ def test_health_overrunning_calls_are_part_of_deadline_exceeded(
         assert report.overrunning_calls <= report.deadline_exceeded
     finally:
         release.set()
-
-
-# -- finding 8 ----------------------------------------------------------------------------------
 
 
 class CancellingRunner(RecordingRunner):
@@ -343,9 +323,6 @@ def test_a_result_that_finished_past_its_deadline_never_counts() -> None:
     assert (stats.records_succeeded, stats.deadline_exceeded) == (0, 1)
 
 
-# -- finding 9 ----------------------------------------------------------------------------------
-
-
 class _Unprintable(Exception):
     def __str__(self) -> str:
         raise RuntimeError("no str for you")
@@ -373,9 +350,6 @@ def test_a_dead_letter_is_written_whatever_the_error_message(harness, cluster, w
     assert pc.failure is None, pc.failure
     wait_until(lambda: done == [b"ok"])
     assert len(cluster.records("t.dlq")) == 1
-
-
-# -- finding 10 ---------------------------------------------------------------------------------
 
 
 def test_on_stall_dead_letter_acts_on_a_record_whose_calls_keep_timing_out(
@@ -421,9 +395,6 @@ def test_on_stall_dead_letter_acts_on_a_record_whose_calls_keep_timing_out(
         release.set()
 
 
-# -- finding 11 ---------------------------------------------------------------------------------
-
-
 def _raise_system_exit(*args: object) -> None:
     raise SystemExit(3)
 
@@ -448,9 +419,6 @@ def test_a_callback_raising_system_exit_is_contained(harness, cluster, wait_unti
     assert pc.failure is None, pc.failure
 
 
-# -- finding 12 ---------------------------------------------------------------------------------
-
-
 def test_a_regex_subscription_matching_the_dead_letter_topic_is_refused(
     harness, cluster, wait_until
 ):
@@ -470,9 +438,6 @@ def test_a_regex_subscription_matching_the_dead_letter_topic_is_refused(
     # orders.dlq and dead-letters each again (tens of dead letters per 0.1 s on the fakes)
     with pytest.raises(ConfigurationError, match="subscribed"):
         pc.poll(handle)
-
-
-# -- finding 13 ---------------------------------------------------------------------------------
 
 
 def test_on_stall_dead_letter_leaves_a_record_waiting_for_a_worker_alone(
@@ -515,9 +480,6 @@ def test_on_stall_dead_letter_leaves_a_record_waiting_for_a_worker_alone(
     finally:
         release.set()
     wait_until(lambda: calls.count(b"free") >= 1)
-
-
-# -- finding 14 ---------------------------------------------------------------------------------
 
 
 def test_close_does_not_dead_letter_the_calls_it_cancels(harness, cluster, wait_until):

@@ -1,6 +1,6 @@
-"""Adversarial review of bundles (5782521) on the in-memory cluster with the real ThreadRunner:
-the paths it tried and found to hold (stall policy, poll_and_produce, close, batches,
-transactions, dead letters), kept as guards."""
+"""Bundles on the in-memory cluster with the real ThreadRunner, combined with the other
+features: the stall policy, poll_and_produce in KEY order, close, batches, transactions with a
+rebalance, dead letters and retries."""
 
 from __future__ import annotations
 

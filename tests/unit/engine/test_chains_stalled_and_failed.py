@@ -1,4 +1,7 @@
-"""Review of chains (stop 24): reproducers of what an adversarial review broke, kept as tests."""
+"""Chains when a call hangs or fails: a stall dead letter frees the chain's lane, a
+stall-abandoned call of a detached run holds one slot, a failed call reported early keeps its
+retry ahead of the calls not started, every dispatched call ends in ``on_work_done``, and the
+release of a stuck chain races its owner safely. Each failed on an earlier version of chains."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Adversarial review of 6c0272e (adaptive chunked dispatch back on, with the release of stuck
-chunks). Each test reproduced a broken guarantee (a strict xfail until fixed) and now guards
-its fix."""
+"""Adaptive chunked dispatch and the release of stuck chunks: a hung call holds only its own
+record, calls that turn slow are not serialised on one worker, and close without drain takes
+back the calls of a chunk just taken. Each failed on an earlier version of chunked dispatch."""
 
 from __future__ import annotations
 
@@ -155,8 +155,8 @@ def test_calls_that_turn_slow_are_not_serialised_on_one_worker(make, cluster):
 class _PreemptedGet:
     """The runner's task queue, whose ``get`` can hold the worker that took a chunk: it is
     preempted right after taking its chunk from the queue, before it starts it (an ordinary
-    thread switch). (The review's first version held ``_active.add`` in the owner; the fix
-    registers chunks when they are submitted, so the window is now right after the get.)"""
+    thread switch). (An earlier version held ``_active.add`` in the owner; chunks are now
+    registered when they are submitted, so the window is right after the get.)"""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner

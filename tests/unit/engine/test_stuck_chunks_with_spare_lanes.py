@@ -1,12 +1,10 @@
-"""Review of three commits (stop 29): the stuck check reporting at once (0a8467b), spare lanes
-reused as new ones (0dbd99c), and the poller's short consume() while busy (90b0842, which the
-review found to read every partition's position every 5 ms).
-
-Each test here fails if a guarantee of those commits is broken."""
+"""Spare lanes reused as new ones, and stuck chunks: a shard state machine whose spare lanes
+are referred to by nothing and serve one lane at a time, and calls hanging past STUCK_AFTER,
+failing and bounced by revokes, whose chunks the stuck check reports at once, with every
+commit, lane order and call end still right."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 import time
@@ -19,13 +17,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
 from parallel_consumer import NoHooks, Options, PollContext, ProcessingOrder
-from parallel_consumer.kafka import poller as poller_module
 from parallel_consumer.offsets import decode_offset_map
 from parallel_consumer.runners.threads import ThreadRunner
 from parallel_consumer.testing.fakes import FakeConsumer
 from parallel_consumer.work.shards import shard_key_for
 
-# -- 0dbd99c: spare lanes ---------------------------------------------------------------------
+# -- spare lanes ---------------------------------------------------------------------------------
 
 
 class SpareMachine(shards_machine.Machine):
@@ -122,14 +119,14 @@ class SpareMachine(shards_machine.Machine):
         super().teardown()
 
 
-_examples = int(os.environ.get("REVIEW_EXAMPLES", "300"))
+_examples = int(os.environ.get("SPARE_LANES_EXAMPLES", "300"))
 SpareMachine.TestCase.settings = settings(
     max_examples=_examples, stateful_step_count=80, deadline=None
 )
 TestSpareLanes = SpareMachine.TestCase
 
 
-# -- 0a8467b: the stuck check handles its reports at once ---------------------------------------
+# -- the stuck check handles its reports at once -------------------------------------------------
 
 
 class _Ends(NoHooks):
@@ -263,46 +260,3 @@ def test_stuck_chunks_with_failures_revokes_and_close_keep_every_guarantee(
     never = set(hooks.dispatched) - set(hooks.ended)
     assert not never, f"calls handed out that never ended: {sorted(never)[:10]}"
     assert all((p, o) in succeeded for p in range(partitions) for o in range(per_partition))
-
-
-# -- 90b0842: consume() waits 5 ms while records are held ----------------------------------------
-
-
-def test_a_poller_turning_every_few_ms_reads_positions_at_most_every_poll_timeout(
-    harness, cluster, wait_until, monkeypatch
-):
-    """One record in a long call, nothing arriving: the poller turns every BUSY_POLL_TIMEOUT
-    while it counts as busy. Each turn used to ask position() of every partition: with 1,024
-    partitions the poller thread took about a quarter of a core (the review of 90b0842), GIL
-    time taken from the handlers. After an empty consume() the positions are now read at most
-    every POLL_TIMEOUT. (Load only makes the gaps longer.)"""
-    monkeypatch.setattr(poller_module, "BUSY_FOR", 60.0)  # (busy for the whole test)
-    cluster.create_topic("t", 64)
-    cluster.produce("t", b"x", key=b"k", partition=0)
-    release = threading.Event()
-    pc = harness.make(Options())
-    pc.poll(lambda ctx: release.wait(10))
-    try:
-        wait_until(lambda: pc.statistics().in_flight == 1)
-        consumer = harness.consumers[0]
-        asked: list[float] = []
-        turns: list[float] = []
-        position, consume = consumer.position, consumer.consume
-
-        def spy_position(partitions):
-            asked.append(time.monotonic())
-            return position(partitions)
-
-        def spy_consume(num_messages=1, timeout=-1):
-            turns.append(timeout)
-            return consume(num_messages, timeout)
-
-        consumer.position, consumer.consume = spy_position, spy_consume
-        wait_until(lambda: len(asked) >= 6)
-    finally:
-        release.set()
-    gaps = [b - a for a, b in itertools.pairwise(asked)]
-    assert min(gaps) >= poller_module.POLL_TIMEOUT * 0.9, gaps
-    assert poller_module.BUSY_POLL_TIMEOUT in turns  # (the turns were the short ones)
-    assert len(turns) > len(asked)
-    pc.close()

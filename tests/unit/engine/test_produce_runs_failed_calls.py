@@ -1,10 +1,9 @@
-"""Second review of "poll_and_produce in runs" (focus: the fixes of 9162125): reproducers and
-probes on the in-memory fakes. PollContext.fail inside a run (Skip, DeadLetter, a plain
-exception, no outputs), in KEY and UNORDERED order and in the transactional mode, compared
-with the same consumer with runs off; the in-flight state of the failed record between its
-run's end and its outputs' acknowledgement (lane, statistics, credit, hooks, a revoke in
-between); the detached-run adopted call; and ``Outputs._produce`` with several rejected calls
-in one run and a full queue in the middle."""
+"""poll_and_produce in runs, when a call fails its record with ``PollContext.fail`` (Skip,
+DeadLetter, a plain exception, no outputs), in KEY and UNORDERED order and in the transactional
+mode, compared with the same consumer with runs off; the in-flight state of the failed record
+between its run's end and its outputs' acknowledgement (lane, statistics, credit, hooks, a
+revoke in between); the detached-run adopted call; and ``Outputs._produce`` with several
+rejected calls in one run and a full queue in the middle. On the in-memory fakes."""
 
 from __future__ import annotations
 
@@ -428,7 +427,7 @@ FAILED_IN_RUNS: Counter = Counter()
 @pytest.fixture(autouse=True)
 def count_failed_calls_in_runs(monkeypatch):
     """Counts runs that ended in a call that failed its record with PollContext.fail and
-    returned a value (the path of 9162125), to show the comparison exercised it."""
+    returned a value (the path that lost outputs), to show the comparison exercised it."""
     original = controller_module.Controller._on_run_done
 
     def spy(self, event):

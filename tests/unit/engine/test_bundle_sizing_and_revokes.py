@@ -1,5 +1,8 @@
-"""Adversarial review of bundles (5782521) and of the backlog kept for longest lanes first
-(f96f409). Each test reproduced a broken guarantee on those commits and now guards its fix."""
+"""Bundles (several lanes' calls in one runner task) and the backlog kept for longest lanes
+first: a bundle's reserve, the sizing of bundles from the records that can run (not revoked
+lanes, not records of a blocked partition), the timing of a bundled call, and the final commit
+of a revoke covering the calls a bundle finished or reported. Each failed on an earlier version
+of bundles."""
 
 from __future__ import annotations
 
@@ -246,7 +249,7 @@ def test_revoked_lanes_do_not_make_bundles_of_the_few_lanes_left():
     )
 
 
-# -- second review (3859b99): records parked behind a blocked partition -------------------------
+# -- records parked behind a blocked partition ---------------------------------------------------
 
 
 def _play(controller, runner, clock, fail):

@@ -1,7 +1,8 @@
-"""Adversarial review of 0102fe7 (one commit request at a time) and 39470f9 (metrics from
-engine totals, active hooks, sampled calls). Each test reproduced a broken guarantee (they
-were strict xfails) and now guards its fix. Where a fix changed what is observable at one
-step, the test says so."""
+"""The poller's commit requests, one at a time: a request given up on can still be stored after
+the next one, a revoke sends a kept partition's queued commit ahead of its older request, a
+superseded offset of a lost partition is answered as acknowledged, and close's final commit is
+not dropped behind a lost answer. Each failed on an earlier version; where a fix changed what
+is observable at one step, the test says so."""
 
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ def _acknowledged(command: Commit) -> list[int]:
     return [a.commit.offset for a in command.reply.result(0) if a.error is None]
 
 
-# -- 0102fe7: commits ------------------------------------------------------------------------
+# -- commit requests ----------------------------------------------------------------------------
 
 
 def test_a_request_given_up_on_can_still_be_stored_after_the_next_one(monkeypatch):
@@ -221,7 +222,7 @@ def test_the_final_commit_of_close_is_dropped_behind_a_lost_answer(
     commit, gives up, and stops the poller, which answers the queued final commit as failed
     without sending it. (FINAL_COMMIT_TIMEOUT is cut to 1 s here to keep the test short; the
     order of the two time-outs is the shipped one.) This is
-    tests/unit/engine/test_hardening.py::test_a_lost_commit_answer_does_not_hold_up_close
+    tests/unit/engine/test_close.py::test_a_lost_commit_answer_does_not_hold_up_close
     without its monkeypatch of COMMIT_ANSWER_TIMEOUT to 0.5 s.
 
     Observed: the final commit never reaches the client; the group keeps 5 (records 5-9 run
@@ -272,107 +273,3 @@ def test_the_final_commit_of_close_is_dropped_behind_a_lost_answer(
     pc.close()
     assert cluster.committed("g", "t", 0) == (10, None)
     assert 10 in [offset for _, offset, _ in consumers[0].commit_log]
-
-
-# -- 39470f9: metrics ------------------------------------------------------------------------
-
-
-def _slow_points(reader: Any) -> dict[tuple[str, int], int]:
-    data = reader.get_metrics_data()
-    out: dict[tuple[str, int], int] = {}
-    for resource in data.resource_metrics if data else ():
-        for scope in resource.scope_metrics:
-            for metric in scope.metrics:
-                if metric.name == "pc.slow.records":
-                    for point in metric.data.data_points:
-                        attrs = point.attributes
-                        out[(attrs["topic"], attrs["partition"])] = point.value
-    return out
-
-
-def test_a_call_abandoned_past_its_deadline_counts_as_slow():
-    """Claim (39470f9): pc.slow.records is exact: every call longer than slow_after is
-    sampled. (Before the change on_work_done, which _abandon calls, counted it.)
-
-    Reproduction: Telemetry(slow_after=0.05) with an in-memory reader, processing_timeout=0.3,
-    a handler whose first call of offset 0 takes 1.5 s: the engine abandons it after 0.3 s
-    (far longer than slow_after) and retries the record, which then succeeds fast. The late
-    result of the abandoned call is ignored (_work_done returns before _sample).
-
-    Observed: pc.slow.records reports nothing for t[0], although a call of its record ran
-    (and was abandoned) far beyond slow_after.
-    """
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-
-    from parallel_consumer import Options, ParallelConsumer, PollContext
-    from parallel_consumer.telemetry import Telemetry
-
-    reader = InMemoryMetricReader()
-    meters = MeterProvider(metric_readers=[reader])
-    cluster = FakeCluster()
-    cluster.create_topic("t", 1)
-    cluster.produce("t", b"0", partition=0)
-    attempts: list[int] = []
-    done = threading.Event()
-    first_returned = threading.Event()
-
-    def handle(ctx: PollContext) -> None:
-        attempts.append(ctx.offset)
-        if len(attempts) == 1:
-            time.sleep(1.5)
-            first_returned.set()
-            return
-        done.set()
-
-    pc = ParallelConsumer(
-        {"bootstrap.servers": "fake:9092", "group.id": "g"},
-        Options(processing_timeout=0.3, max_concurrency=2),
-        telemetry=Telemetry(meter_provider=meters, slow_after=0.05),
-        consumer_factory=cluster.consumer,
-        producer_factory=cluster.producer,
-        admin_factory=cluster.admin,
-    )
-    pc.subscribe(["t"])
-    try:
-        pc.poll(handle)
-        assert done.wait(10), "the record was retried after its deadline"
-        assert first_returned.wait(10)  # the abandoned call returned (its result is ignored)
-        assert pc.statistics().deadline_exceeded == 1
-        assert _slow_points(reader).get(("t", 0), 0) >= 1
-    finally:
-        pc.close(drain=False, timeout=5)
-        meters.shutdown()
-
-
-def test_a_hooks_object_with_an_attribute_named_active_still_gets_its_methods_called():
-    """Claim (39470f9): a user's hooks still get every method they implement (NoHooks
-    subclasses and duck-typed objects, through guarded() and combine_hooks).
-
-    Reproduction: a NoHooks subclass that overrides on_rebalance and keeps the partitions it
-    was given in a frozenset attribute named ``active`` (a natural name for "partitions
-    assigned now"). active_hooks() returns that attribute as the set of implemented hook
-    methods, so guarded() (what ParallelConsumer installs) and combine_hooks() turn
-    on_rebalance into the NoHooks no-op.
-
-    Observed: on_rebalance is never called, through guarded() nor through combine_hooks().
-    """
-    from parallel_consumer import NoHooks
-    from parallel_consumer.hooks import guarded
-    from parallel_consumer.telemetry import combine_hooks
-
-    class Assigned(NoHooks):
-        def __init__(self) -> None:
-            self.active: frozenset[tuple[str, int]] = frozenset()
-            self.calls = 0
-
-        def on_rebalance(self, kind: str, partitions: Any) -> None:
-            self.calls += 1
-            if kind == "assigned":
-                self.active = self.active | set(partitions)
-
-    mine = Assigned()
-    guarded(mine).on_rebalance("assigned", [("t", 0)])
-    combine_hooks(mine, Assigned()).on_rebalance("assigned", [("t", 1)])
-    assert mine.calls == 2
-    assert mine.active == {("t", 0), ("t", 1)}

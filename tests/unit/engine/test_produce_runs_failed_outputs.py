@@ -1,9 +1,8 @@
-"""Review of "poll_and_produce in runs" (a helper's adversarial review): reproducers on the
-in-memory fakes. The first two broke the commit under review (a call that failed its record
-with ``PollContext.fail`` lost its outputs in a run; one rejected output failed every later
-record of its run); the others probe revokes, a failed output while the next run is out,
-transactional rebalances with failed deliveries, close with outputs on their way, and a wrong
-return value, and held."""
+"""poll_and_produce in runs, when records or their outputs fail, on the in-memory fakes: a call
+that fails its record with ``PollContext.fail`` still produces its outputs, a rejected output
+fails only its own record (both used to break the run), and revokes, a failed output while the
+next run is out, transactional rebalances with failed deliveries, close with outputs on their
+way, and a wrong return value each keep holds, credit and commits right."""
 
 from __future__ import annotations
 
