@@ -114,8 +114,8 @@ def process(
     delays of a plain handler and ``wall`` stamps failures (tests pass fakes).
 
     Raises :class:`~parallel_consumer.errors.RetriesExhausted` when a record's failure leads
-    to a stop (``OnExhausted.STOP``, or ``DeadLetter`` with dead-lettering off): the Spark
-    task fails, Spark retries it and in the end fails the query.
+    to a stop (``OnExhausted.STOP``): the Spark task fails, Spark retries it and in the end
+    fails the query.
     """
     lanes = list(lanes_of(records, options.ordering).values())
     result = Result()

@@ -250,29 +250,26 @@ class Attempts:
         next call, or None when the record is finished (done, skipped or dead-lettered). Raises
         RetriesExhausted on a stop decision. A call that returned may still have failed the
         record (``PollContext.fail``, or a return value that is not outputs)."""
-        if error is not None:
-            return self._ended((), error)
-        try:
-            outputs = outputs_of(value)
-        except Exception as exc:
-            return self._ended((), exc)
-        return self._ended(outputs, poll.outcomes(None)[0])
-
-    def _ended(
-        self, outputs: Sequence[ProducerRecord], error: BaseException | None
-    ) -> float | None:
         lane = self._lane
         record = self._record
-        self._produced = lane.emit(record, outputs, self._produced, self._tally)
+        failure: BaseException | None = error
         if error is None:
+            try:
+                outputs = outputs_of(value)
+            except Exception as exc:
+                failure = exc
+            else:
+                self._produced = lane.emit(record, outputs, self._produced, self._tally)
+                failure = poll.outcomes(None)[0]
+        if failure is None:
             self._tally.inputs += 1
             return None
-        if counts_as_attempt(error):
+        if counts_as_attempt(failure, lane.options):
             self._attempts += 1
             self._last = lane.now()
             self._first = self._first or self._last
-        self._error = error
-        delay = lane.settle(record, error, self._attempts, self._first, self._last)
+        self._error = failure
+        delay = lane.settle(record, failure, self._attempts, self._first, self._last)
         if delay is None:
             self._tally.inputs += 1
         return delay

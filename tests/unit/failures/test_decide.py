@@ -213,7 +213,12 @@ def test_a_provider_that_fails_or_returns_nonsense_falls_back_to_retry_delay(
 
 
 def test_only_a_failure_counts_as_an_attempt_not_the_handlers_skip_or_dead_letter() -> None:
-    assert counts_as_attempt(ValueError("boom"))
-    assert counts_as_attempt(Retry("later", delay=1.0))
-    assert not counts_as_attempt(Skip("not for us"))
-    assert not counts_as_attempt(DeadLetter("bad payload"))
+    on = Options(dead_letter_topic="dlq")
+    assert counts_as_attempt(ValueError("boom"), on)
+    assert counts_as_attempt(Retry("later", delay=1.0), on)
+    assert not counts_as_attempt(Skip("not for us"), on)
+    assert not counts_as_attempt(DeadLetter("bad payload"), on)
+    # With nowhere to write it, a dead letter is retried like any failure, and counts as one
+    off = Options()
+    assert counts_as_attempt(DeadLetter("bad payload"), off)
+    assert not counts_as_attempt(Skip("not for us"), off)
