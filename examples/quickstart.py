@@ -8,7 +8,6 @@ run goes on from there.
 
 from __future__ import annotations
 
-import signal
 import sys
 
 from parallel_consumer import Options, ParallelConsumer, PollContext, ProcessingOrder
@@ -28,11 +27,5 @@ pc = ParallelConsumer(
     Options(ordering=ProcessingOrder.KEY, max_concurrency=32),
 )
 pc.subscribe(["orders"])
-signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops it as Ctrl-C does
-try:
-    pc.poll(handle)  # starts processing in the background and returns
-    pc.wait()  # blocks until the consumer stops (or raises the failure that stopped it)
-except KeyboardInterrupt:
-    pass
-finally:
-    pc.close(drain=False)  # lets calls in flight finish, commits what finished, leaves the group
+pc.poll(handle)  # starts processing in the background and returns
+pc.run()  # blocks; SIGTERM or Ctrl-C: calls in flight finish, what finished is committed

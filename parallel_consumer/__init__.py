@@ -5,6 +5,9 @@ The public API is what ``__all__`` lists; everything else is private and may cha
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
+
 from parallel_consumer.consumer import ParallelConsumer
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.errors import (
@@ -41,6 +44,12 @@ from parallel_consumer.status import (
     PollerStatistics,
     Statistics,
 )
+
+try:
+    #: The installed distribution's version (``pip install`` reads it from pyproject.toml).
+    __version__ = _version("parallel-consumer")
+except _PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "CommitMode",

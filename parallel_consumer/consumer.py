@@ -11,11 +11,12 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
@@ -36,7 +37,7 @@ from parallel_consumer.kafka.producer import Outputs
 from parallel_consumer.options import Options, RunnerKind
 from parallel_consumer.produce import ProduceResult
 from parallel_consumer.runners.asyncio_loop import AsyncioRunner
-from parallel_consumer.runners.base import Runner, handler_kind
+from parallel_consumer.runners.base import Runner, check_signature, handler_kind
 from parallel_consumer.runners.processes import ProcessRunner, pickled_handler
 from parallel_consumer.runners.threads import ThreadRunner
 from parallel_consumer.serialization import Codecs, deserializing
@@ -146,6 +147,26 @@ def _transactional_id(prefix: str, consumer_config: Mapping[str, Any]) -> str:
 _transactional_ids = itertools.count(1)
 
 
+def _telemetry(given: Telemetry | bool | None) -> Telemetry | None:
+    """``telemetry=``: a Telemetry as given, False for none, and None for the library
+    convention: the global providers, if the application set any. Those live in modules it
+    imported to set them; if none is imported, nothing was set and OpenTelemetry stays unloaded."""
+    if given is False:
+        return None
+    if given is None:
+        if "opentelemetry.metrics" not in sys.modules and "opentelemetry.trace" not in sys.modules:
+            return None
+        from parallel_consumer.telemetry import Telemetry  # optional: loaded only when in use
+
+        return Telemetry.from_globals()
+    if given is True:
+        raise ConfigurationError(
+            "telemetry=True: leave telemetry out to use the global OpenTelemetry providers, or "
+            "pass Telemetry(...) (or False for none)"
+        )
+    return given
+
+
 class ParallelConsumer:
     """Consume Kafka records with far more concurrency than partitions.
 
@@ -154,9 +175,10 @@ class ParallelConsumer:
     configures the producer that :meth:`poll_and_produce` outputs go through (by default the
     consumer's ``bootstrap.servers``, idempotent); in the transactional commit mode it must
     hold a ``transactional.id`` prefix. ``hooks`` receives engine events for metrics and
-    tracing (see :class:`~parallel_consumer.hooks.Hooks`); ``telemetry`` turns on OpenTelemetry
-    metrics and tracing (see :class:`~parallel_consumer.telemetry.Telemetry`). ``clock``,
-    ``consumer_factory`` and ``producer_factory`` are for tests (see
+    tracing (see :class:`~parallel_consumer.hooks.Hooks`). OpenTelemetry metrics and tracing go
+    to the global providers when the application set them; ``telemetry`` takes a
+    :class:`~parallel_consumer.telemetry.Telemetry` with explicit ones, or False for none.
+    ``clock``, ``consumer_factory`` and ``producer_factory`` are for tests (see
     :mod:`parallel_consumer.testing`), as is ``admin_factory`` (the admin client that checks or
     creates dead-letter topics).
     """
@@ -168,7 +190,7 @@ class ParallelConsumer:
         *,
         producer_config: Mapping[str, Any] | None = None,
         hooks: Hooks | None = None,
-        telemetry: Telemetry | None = None,
+        telemetry: Telemetry | Literal[False] | None = None,
         clock: Clock | None = None,
         consumer_factory: Callable[[dict[str, Any]], Any] | None = None,
         producer_factory: Callable[[dict[str, Any]], Any] | None = None,
@@ -181,6 +203,7 @@ class ParallelConsumer:
         if producer_config is not None and not isinstance(producer_config, Mapping):
             raise ConfigurationError("producer_config must be a dict of librdkafka settings")
         config = _checked_config(consumer_config)
+        telemetry = _telemetry(telemetry)
         self._telemetry = telemetry
         if telemetry is not None:
             hooks = telemetry.attach(
@@ -371,6 +394,11 @@ class ParallelConsumer:
     ) -> None:
         if not callable(handler):
             raise ConfigurationError(f"{via}() needs a callable handler, got {handler!r}")
+        check_signature(handler, via)
+        if self.lifecycle in (Lifecycle.CLOSING, Lifecycle.CLOSED):
+            raise ConfigurationError(
+                f"{via}() on a closed ParallelConsumer: it cannot start again; make a new one"
+            )
         if self._handler is not None:
             raise ConfigurationError(
                 f"a handler is already registered ({self._handler!r}); one ParallelConsumer "

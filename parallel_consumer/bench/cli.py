@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from parallel_consumer.bench.gc_mode import GC_MODES, TUNED_YOUNG_THRESHOLD, gc_mode
+from parallel_consumer.cli.arguments import Parser
 
 __all__ = ["main"]
 
@@ -37,7 +38,7 @@ class UsageError(Exception):
 def _parser() -> argparse.ArgumentParser:
     from parallel_consumer.bench.contestants import DEFAULT_PEERS
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="pc-bench",
         description="parallel_consumer benchmarks: workloads, contestants and how to read the "
         "table in docs/benchmarks.md",

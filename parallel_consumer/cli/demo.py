@@ -18,10 +18,13 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
 from parallel_consumer import Options, ParallelConsumer, PollContext, ProcessingOrder
+from parallel_consumer.cli.arguments import Parser, positive, seconds
+from parallel_consumer.cli.brokers import DEFAULT_TIMEOUT, reach
 from parallel_consumer.testing import LocalKafka, create_topic, produce_records
 
 __all__ = ["add_parser", "run"]
@@ -34,21 +37,17 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number from 1 up, got {text}")
-    return value
-
-
-def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
     demo = commands.add_parser("demo", help="process keyed records on a local broker")
-    demo.add_argument("--records", type=int, default=5000)
-    demo.add_argument("--keys", type=int, default=100)
-    demo.add_argument("--partitions", type=int, default=3)
-    demo.add_argument("--concurrency", type=int, default=64)
+    demo.add_argument("--records", type=positive, default=5000, help="records to produce")
+    demo.add_argument("--keys", type=positive, default=100, help="distinct keys")
+    demo.add_argument("--partitions", type=positive, default=3, help="partitions of the demo topic")
+    demo.add_argument("--concurrency", type=positive, default=64, help="Options.max_concurrency")
     demo.add_argument(
-        "--ordering", choices=[o.name for o in ProcessingOrder], default=ProcessingOrder.KEY.name
+        "--ordering",
+        choices=[o.name for o in ProcessingOrder],
+        default=ProcessingOrder.KEY.name,
+        help="Options.ordering",
     )
     demo.add_argument(
         "--failure-rate",
@@ -57,6 +56,13 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="share of records whose first attempt fails (and is retried)",
     )
     demo.add_argument("--bootstrap", help="use this broker instead of starting a local one")
+    demo.add_argument(
+        "--timeout",
+        type=seconds,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="how long to wait for the --bootstrap broker's first answer",
+    )
 
 
 class _Handler:
@@ -93,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     broker = None
     if args.bootstrap:
         bootstrap = args.bootstrap
+        reach(bootstrap, args.timeout)
     else:
         print("starting a local Apache Kafka broker ...", flush=True)
         broker = LocalKafka().start()
@@ -188,7 +195,7 @@ def _report(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pc demo")
+    parser = Parser(prog="pc demo")
     add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["demo", *(argv or [])])
     return run(args)

@@ -16,7 +16,10 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
+from parallel_consumer import __version__
 from parallel_consumer.cli import demo, dlq, offsets
+from parallel_consumer.cli.arguments import Parser, config_pair
+from parallel_consumer.cli.brokers import CommandError, verbose
 from parallel_consumer.errors import ConfigurationError
 from parallel_consumer.testing import _apache_kafka
 from parallel_consumer.testing.local_kafka import DEFAULT_KAFKA_VERSION, LocalKafka, LocalKafkaError
@@ -27,26 +30,30 @@ __all__ = ["main"]
 _COMING: dict[str, str] = {}
 
 
-def _config_pair(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
-    return key.strip(), value.strip()
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pc", description="parallel_consumer tools")
+    parser = Parser(prog="pc", description="parallel_consumer tools")
+    parser.add_argument(
+        "--version", action="version", version=f"pc (parallel_consumer) {__version__}"
+    )
+    parser.add_argument(
+        "--verbose", action="store_true", help="print the Kafka clients' log lines too"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     kafka = commands.add_parser("kafka", help="run a local Kafka broker for development and tests")
     kafka_commands = kafka.add_subparsers(dest="kafka_command", required=True, metavar="ACTION")
     start = kafka_commands.add_parser("start", help="start a broker; stop it with Ctrl-C")
-    start.add_argument("--backend", choices=["auto", "apache", "tansu"], default="auto")
+    start.add_argument(
+        "--backend",
+        choices=["auto", "apache", "tansu"],
+        default="auto",
+        help="auto: apache when Java (and its jars or Maven) is there, else tansu",
+    )
     start.add_argument("--port", type=int, default=None, help="client port (default: a free one)")
     start.add_argument("--version", default=DEFAULT_KAFKA_VERSION, help="Apache Kafka version")
     start.add_argument(
         "--config",
-        type=_config_pair,
+        type=config_pair,
         action="append",
         default=[],
         metavar="KEY=VALUE",
@@ -110,6 +117,8 @@ def _kafka_start(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``pc``; returns the exit code."""
     args = _parser().parse_args(argv)
+    if args.verbose:
+        verbose()
     try:
         if args.command == "kafka" and args.kafka_command == "start":
             return _kafka_start(args)
@@ -136,9 +145,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 1
             print("\n".join(str(jar) for jar in found))
             return 0
-    except (LocalKafkaError, ConfigurationError) as exc:
+    except (LocalKafkaError, ConfigurationError, CommandError) as exc:
         print(f"pc: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("pc: interrupted", file=sys.stderr)
+        return 130
     print(
         f"pc {args.command}: coming soon ({_COMING[args.command]}); not implemented yet.",
         file=sys.stderr,

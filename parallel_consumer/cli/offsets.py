@@ -21,6 +21,14 @@ from typing import Any, TextIO
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from parallel_consumer.cli.arguments import non_negative, positive
+from parallel_consumer.cli.brokers import (
+    CommandError,
+    add_connection_arguments,
+    client_config,
+    describe_failure,
+    reach,
+)
 from parallel_consumer.kafka.committed_reader import CommittedReader
 from parallel_consumer.offsets import (
     DEFAULT_MAX_METADATA_BYTES,
@@ -32,7 +40,6 @@ from parallel_consumer.offsets.errors import KafkaStreamsMetadataError
 
 __all__ = ["OffsetsError", "PartitionReport", "add_parser", "describe", "incomplete_ranges", "run"]
 
-TIMEOUT = 15.0
 #: Ranges of unfinished offsets shown per partition unless ``--ranges`` says otherwise.
 DEFAULT_RANGES = 5
 
@@ -136,32 +143,11 @@ def _java_name(name: str) -> str:
     return "".join(part.capitalize() for part in name.split("_"))
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number from 1 up, got {text}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number from 0 up, got {text}")
-    return value
-
-
-def _config_pair(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
-    return key.strip(), value.strip()
-
-
-def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
     parser = commands.add_parser(
         "offsets", help="show a group's committed offsets, offset maps and lag"
     )
-    parser.add_argument("--bootstrap", required=True, help="the brokers, host:port[,...]")
+    add_connection_arguments(parser)
     parser.add_argument("--group", required=True, help="the consumer group (group.id)")
     parser.add_argument(
         "--topic",
@@ -171,45 +157,35 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "group has committed offsets for)",
     )
     parser.add_argument(
-        "--config",
-        type=_config_pair,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a librdkafka client setting (security, ...; repeatable)",
-    )
-    parser.add_argument(
         "--ranges",
-        type=_non_negative,
+        type=non_negative,
         default=DEFAULT_RANGES,
-        help=f"unfinished ranges shown per partition (default {DEFAULT_RANGES}; 0: all)",
+        help="unfinished ranges shown per partition (0: all)",
     )
     parser.add_argument(
         "--metadata-limit",
-        type=_positive,
+        type=positive,
         default=DEFAULT_MAX_METADATA_BYTES,
-        help="the broker's offset.metadata.max.bytes (default 4096)",
+        help="the broker's offset.metadata.max.bytes",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per partition")
 
 
-def _client_config(args: argparse.Namespace) -> dict[str, Any]:
-    return {"bootstrap.servers": args.bootstrap, "log_level": 3, **dict(args.config)}
-
-
 def _group_partitions(args: argparse.Namespace) -> list[tuple[str, int]]:
     """Every partition the group has a committed offset for."""
-    admin = AdminClient(_client_config(args))
+    admin = AdminClient(client_config(args))
     futures = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(args.group)])
-    answer = futures[args.group].result(timeout=TIMEOUT)
+    answer = futures[args.group].result(timeout=args.timeout)
     return sorted(
         (tp.topic, tp.partition) for tp in answer.topic_partitions or () if tp.offset >= 0
     )
 
 
-def _topic_partitions(consumer: Consumer, topics: Sequence[str]) -> list[tuple[str, int]]:
+def _topic_partitions(
+    consumer: Consumer, topics: Sequence[str], timeout: float
+) -> list[tuple[str, int]]:
     out: list[tuple[str, int]] = []
-    metadata = consumer.list_topics(timeout=TIMEOUT)
+    metadata = consumer.list_topics(timeout=timeout)
     for topic in topics:
         found = metadata.topics.get(topic)
         if found is None or found.error is not None or not found.partitions:
@@ -220,18 +196,18 @@ def _topic_partitions(consumer: Consumer, topics: Sequence[str]) -> list[tuple[s
 
 
 def _committed(
-    config: dict[str, Any], consumer: Consumer, tps: list[tuple[str, int]]
+    config: dict[str, Any], consumer: Consumer, tps: list[tuple[str, int]], timeout: float
 ) -> tuple[dict[tuple[str, int], tuple[int, str | None]], bool]:
     """The committed offsets and metadata, and whether the metadata is exactly what was
     committed (read with :class:`CommittedReader`) or confluent-kafka's read-back."""
     reader = CommittedReader(config, name="pc-offsets")
     try:
-        exact = reader.read(tps, TIMEOUT)
+        exact = reader.read(tps, timeout)
     finally:
         reader.close()
     if exact is not None:
         return exact, True
-    answer = consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=TIMEOUT)
+    answer = consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=timeout)
     return {
         (tp.topic, tp.partition): (tp.offset, read_committed_metadata(tp))
         for tp in answer
@@ -240,11 +216,12 @@ def _committed(
 
 
 def reports(args: argparse.Namespace) -> list[PartitionReport]:
-    config = {**_client_config(args), "group.id": args.group, "enable.auto.commit": False}
+    reach(args.bootstrap, args.timeout, dict(args.config))
+    config = client_config(args, **{"group.id": args.group, "enable.auto.commit": False})
     consumer = Consumer(config)
     try:
         if args.topic:
-            tps = _topic_partitions(consumer, args.topic)
+            tps = _topic_partitions(consumer, args.topic, args.timeout)
         else:
             tps = _group_partitions(args)
             if not tps:
@@ -252,11 +229,11 @@ def reports(args: argparse.Namespace) -> list[PartitionReport]:
                     f"group {args.group!r} has no committed offsets; is the name right? "
                     "(--topic T shows a topic's partitions even without them)"
                 )
-        committed, exact = _committed(config, consumer, tps)
+        committed, exact = _committed(config, consumer, tps, args.timeout)
         out = []
         for topic, partition in tps:
             _, end = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=TIMEOUT, cached=False
+                TopicPartition(topic, partition), timeout=args.timeout, cached=False
             )
             out.append(
                 describe(
@@ -317,11 +294,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     try:
         rows = reports(args)
-    except OffsetsError as exc:
+    except (OffsetsError, CommandError) as exc:
         print(f"pc offsets: {exc}", file=sys.stderr)
         return 1
-    except KafkaException as exc:
-        print(f"pc offsets: {exc}", file=sys.stderr)
+    except (KafkaException, TimeoutError) as exc:
+        print(f"pc offsets: {describe_failure(exc, args.bootstrap, args.timeout)}", file=sys.stderr)
         return 1
     if args.json:
         for row in rows:

@@ -37,7 +37,15 @@ from parallel_consumer._events import WorkDone
 from parallel_consumer.context import PollContext
 from parallel_consumer.errors import ParallelConsumerError
 
-__all__ = ["CallCancelled", "Handler", "HandlerKind", "Runner", "handler_kind", "not_a_result"]
+__all__ = [
+    "CallCancelled",
+    "Handler",
+    "HandlerKind",
+    "Runner",
+    "check_signature",
+    "handler_kind",
+    "not_a_result",
+]
 
 #: A plain function for the thread and process runners; an ``async def`` function (returning an
 #: awaitable) for the asyncio runner.
@@ -110,6 +118,24 @@ def handler_kind(handler: Callable[..., object]) -> HandlerKind:
         if inspect.iscoroutinefunction(candidate):
             return "async"
     return "plain"
+
+
+def check_signature(handler: Callable[..., object], via: str) -> None:
+    """Raise :class:`TypeError` unless ``handler`` can be called with one positional argument,
+    the context, and nothing else required: a wrong handler fails every record, so it is
+    refused when it is registered. Callables whose signature Python cannot read pass."""
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):  # some builtins and C callables have none to read
+        return
+    try:
+        signature.bind(None)
+    except TypeError as exc:
+        raise TypeError(
+            f"{via}() needs a handler that takes one argument, the context "
+            f"(def handle(ctx: PollContext) -> ...); {handler!r} has the signature "
+            f"{signature} ({exc})"
+        ) from None
 
 
 def _unwrapped(handler: object) -> Iterator[object]:

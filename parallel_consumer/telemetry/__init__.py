@@ -1,7 +1,11 @@
-"""OpenTelemetry metrics and tracing for a ParallelConsumer (opt-in; see docs/metrics.md and
+"""OpenTelemetry metrics and tracing for a ParallelConsumer (see docs/metrics.md and
 docs/tracing.md).
 
-::
+As OpenTelemetry's instrumentation libraries do, a ParallelConsumer reports to the global
+providers when the application set them (``metrics.set_meter_provider``,
+``trace.set_tracer_provider``, or ``opentelemetry-instrument``) before making it: nothing to
+pass. ``telemetry=Telemetry(...)`` gives explicit providers or an instance name;
+``telemetry=False`` turns both off::
 
     from parallel_consumer.telemetry import Telemetry
 
@@ -9,9 +13,9 @@ docs/tracing.md).
 
 Only the ``opentelemetry-api`` package is used here; install the SDK (``pip install
 'parallel-consumer[otel]'``) and configure it to export. Metrics are on when a meter provider
-is given or the global one was set (``opentelemetry.metrics.set_meter_provider``) before the
-Telemetry was made; tracing likewise with a tracer provider. Off, they cost nothing: no
-instrument is created, no hook is installed and the handler is not wrapped.
+is given or the global one was set before the Telemetry was made; tracing likewise with a
+tracer provider. Off, they cost nothing: no instrument is created, no hook is installed and the
+handler is not wrapped.
 """
 
 from __future__ import annotations
@@ -164,6 +168,14 @@ class Telemetry:
         self._traced: TracedHandler | None = None
         #: The controller-side hooks feeding counters (None while metrics are off).
         self.metrics_hooks: MetricsHooks | None = None
+
+    @classmethod
+    def from_globals(cls) -> Telemetry | None:
+        """A Telemetry over the global providers if the application set either, else None
+        (what a ParallelConsumer made without ``telemetry=`` uses)."""
+        if _is_set(metrics.get_meter_provider()) or _is_set(trace.get_tracer_provider()):
+            return cls()
+        return None
 
     @property
     def metrics_enabled(self) -> bool:

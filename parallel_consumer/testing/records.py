@@ -42,23 +42,40 @@ def create_topic(
     partitions: int = 1,
     config: Mapping[str, str] | None = None,
     timeout: float = 30.0,
+    exist_ok: bool = False,
 ) -> str:
-    """Create topic ``name`` (replication factor 1) and wait until it is usable; return ``name``."""
+    """Create topic ``name`` (replication factor 1) and wait until it is usable; return ``name``.
+
+    A topic that already exists raises :class:`LocalKafkaError`, unless ``exist_ok``: then it is
+    used as it is if it has ``partitions`` partitions (its ``config`` is not compared), and
+    raises if it has another number of them."""
     # NewTopic's documented home; the package's stubs re-export it without marking it public.
+    from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
     new = NewTopic(name, num_partitions=partitions, replication_factor=1, config=dict(config or {}))
+    exists = False
     try:
         admin.create_topics([new], operation_timeout=timeout, request_timeout=timeout)[name].result(
             timeout
         )
+    except KafkaException as exc:
+        exists = exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS
+        if not (exists and exist_ok):
+            hint = " (exist_ok=True uses it as it is)" if exists else ""
+            raise LocalKafkaError(f"could not create topic {name!r}: {exc}{hint}") from exc
     except Exception as exc:
         raise LocalKafkaError(f"could not create topic {name!r}: {exc}") from exc
     # The controller has it; wait until the broker's metadata shows every partition with a leader.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         topic = admin.list_topics(name, timeout=timeout).topics.get(name)
+        found = 0 if topic is None or topic.error is not None else len(topic.partitions)
+        if exists and found and found != partitions:
+            raise LocalKafkaError(
+                f"topic {name!r} exists with {found} partition(s), not {partitions}"
+            )
         if (
             topic is not None
             and topic.error is None

@@ -371,3 +371,62 @@ def test_round_trip_dead_lettered_by_the_engine_then_redriven_runs_each_record_o
         assert headers[dl.REDRIVE_FROM].startswith(f"{dlq}/".encode())
         assert not [k for k in headers if k.startswith(dl.DLQ_PREFIX)]
     assert len(read_topic(bootstrap, dlq)) == 12  # nothing dead-lettered a second time
+
+
+def test_show_matches_the_bare_error_class_name_and_shows_values(
+    kafka: KafkaBroker, topic: Callable[..., str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given six dead letters whose error.type header is builtins.ValueError
+    dlq = topic(1)
+    _write_dead_letters(kafka.bootstrap_servers, dlq, "orders-x", 6)
+    # When they are filtered by the class name alone, values shown
+    code, lines, err = _pc(
+        "dlq", "show", dlq, "--bootstrap", kafka.bootstrap_servers, "--json", "--show-value",
+        "--filter", "error.type=ValueError", capsys=capsys,
+    )  # fmt: skip
+    # Then all six match, each with its value
+    assert code == 0, err
+    rows = [json.loads(line) for line in lines.splitlines()]
+    assert [(r["original_offset"], r["value"]) for r in rows] == [(i, f"v{i}") for i in range(6)]
+    # And another class name matches none, and the table has a VALUE column
+    code, table, err = _pc(
+        "dlq", "show", dlq, "--bootstrap", kafka.bootstrap_servers, "--show-value",
+        "--filter", "error.type=KeyError", capsys=capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "0 record(s)" in err
+    assert "0 of 6 matched" in err
+    code, table, err = _pc(
+        "dlq", "show", dlq, "--bootstrap", kafka.bootstrap_servers, "--show-value", capsys=capsys
+    )
+    assert table.splitlines()[0].split()[-1] == "VALUE"
+    assert table.splitlines()[1].split()[-1] == "v0"
+
+
+def test_a_filtered_redrive_counts_its_matches_and_warns_in_the_default_group(
+    kafka: KafkaBroker, topic: Callable[..., str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given twelve dead letters, four of them with reason dead-letter
+    bootstrap = kafka.bootstrap_servers
+    dlq, retry = topic(1), topic(1)
+    _write_dead_letters(bootstrap, dlq, "elsewhere", 12)
+    # When a filtered redrive runs in its own group
+    code, _, err = _pc(
+        "dlq", "redrive", "--from", dlq, "--to", retry, "--bootstrap", bootstrap,
+        "--filter", "reason=dead-letter", "--group", f"{dlq}-mine", capsys=capsys,
+    )  # fmt: skip
+    # Then it says how many matched, and does not warn
+    assert code == 0, err
+    assert "redrove 4 record(s)" in err
+    assert "4 of 12 matched" in err
+    assert "warning" not in err
+    # When the same filter runs in the default group
+    code, _, err = _pc(
+        "dlq", "redrive", "--from", dlq, "--to", retry, "--bootstrap", bootstrap,
+        "--filter", "reason=dead-letter", capsys=capsys,
+    )  # fmt: skip
+    # Then it warns that the other records are passed over for good there
+    assert code == 0, err
+    assert "warning" in err
+    assert "passed for good" in err
+    assert "--group" in err
