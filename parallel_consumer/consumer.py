@@ -25,11 +25,12 @@ from parallel_consumer.client_config import checked_consumer_config, checked_pro
 from parallel_consumer.context import PollContext
 from parallel_consumer.engine.closing import FINAL_COMMIT_TIMEOUT, STOP_TIMEOUT
 from parallel_consumer.engine.controller import Controller
-from parallel_consumer.engine.letters import DeadLetters, dead_letter_topics, prepare_topics
+from parallel_consumer.engine.letters import DeadLetters
 from parallel_consumer.errors import ConfigurationError, ParallelConsumerError
 from parallel_consumer.health import HealthReport
 from parallel_consumer.hooks import Hooks, guarded
 from parallel_consumer.kafka.committers import Committer, ConsumerCommitter, TransactionalCommitter
+from parallel_consumer.kafka.dead_letter_topics import dead_letter_topics, prepare_topics
 from parallel_consumer.kafka.poller import Poller, RebalanceCallback
 from parallel_consumer.kafka.producer import Outputs
 from parallel_consumer.options import Options, RunnerKind

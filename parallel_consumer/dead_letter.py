@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from parallel_consumer.errors import DeadLetter
+
 __all__ = [
     "ATTEMPTS",
     "DLQ_PREFIX",
@@ -118,6 +120,11 @@ def _parse_time(text: str) -> datetime | None:
         return None
 
 
+def _timestamp(millis: int | None) -> str:
+    """A record's timestamp as header text; empty when it has none (None, or Kafka's -1)."""
+    return format_time(millis / 1000) if millis is not None and millis >= 0 else ""
+
+
 def _cut(text: str) -> str:
     if len(text) <= ERROR_MESSAGE_LIMIT:
         return text
@@ -158,15 +165,25 @@ def dead_letter_headers(
     original_headers: Sequence[Header] | None = None,
 ) -> list[Header]:
     """The headers of a dead-lettered record: its own headers (any stale ``pc.dlq.*`` from an
-    earlier dead-lettering dropped) followed by the ``pc.dlq.*`` ones."""
+    earlier dead-lettering dropped) followed by the ``pc.dlq.*`` ones. The one builder of them,
+    for the engine and the Spark runner alike.
+
+    ``timestamp_ms`` is the record's timestamp in milliseconds since the epoch: None, or
+    Kafka's -1 (any negative value), when it has none, which leaves :data:`ORIGINAL_TIMESTAMP`
+    empty; 0 is the epoch itself, a timestamp like any other. ``error`` is the record's last
+    error; for ``raise DeadLetter(...) from exc`` (or ``DeadLetter(cause=exc)``) the headers
+    name ``exc``, else the error itself.
+    """
     if reason not in Reason.ALL:
         raise ValueError(f"unknown dead-letter reason {reason!r}; expected one of {Reason.ALL}")
+    if isinstance(error, DeadLetter) and error.__cause__ is not None:
+        error = error.__cause__
     kept = [(k, v) for k, v in (original_headers or ()) if not k.startswith(DLQ_PREFIX)]
     ours: list[tuple[str, str]] = [
         (ORIGINAL_TOPIC, topic),
         (ORIGINAL_PARTITION, str(partition)),
         (ORIGINAL_OFFSET, str(offset)),
-        (ORIGINAL_TIMESTAMP, format_time(timestamp_ms / 1000) if timestamp_ms else ""),
+        (ORIGINAL_TIMESTAMP, _timestamp(timestamp_ms)),
         (ATTEMPTS, str(attempts)),
         (ERROR_TYPE, _type_name(error) if error is not None else ""),
         (ERROR_MESSAGE, _cut(_message(error)) if error is not None else ""),
