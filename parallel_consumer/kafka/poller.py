@@ -16,12 +16,8 @@ Commits carry the assignment epoch they were planned in. One whose partition was
 revoked and assigned again) before it is sent never reaches the client: a commit queued before a
 revoke must not land after the revoke's final commit and move the group's offset back.
 
-One commit request at a time: the client retries a request whose coordinator moved or restarted,
-and a retried older request can be stored after a newer one, moving the group's offset back
-while the engine holds the newer one as acknowledged. So commits that arrive while a request is
-unanswered wait, and go out as one request (the newest offset of each partition) once it is
-answered. The only exception is the revoke's final commit, inside the revoke callback, where the
-client cannot serve an answer: it is sent at once (docs/commits.md).
+One commit request at a time, queued commits merged, late answers: decided by
+``kafka/commit_requests.py``; the poller sends what it decides and sets the replies.
 """
 
 from __future__ import annotations
@@ -56,6 +52,13 @@ from parallel_consumer._events import (
     Transact,
 )
 from parallel_consumer.errors import InternalError
+from parallel_consumer.kafka.commit_requests import (
+    CommitRequests,
+    Decision,
+    Reply,
+    Request,
+    split_live,
+)
 from parallel_consumer.kafka.committed_reader import CommittedReader
 from parallel_consumer.kafka.producer import Outputs, TransactionOutcome
 from parallel_consumer.offsets import read_committed_metadata
@@ -95,8 +98,6 @@ REQUEST_TIMEOUT = 10.0
 #: answers every request (within its own time-outs and retries); this only bounds a wait for an
 #: answer that can no longer be matched to its request.
 COMMIT_ANSWER_TIMEOUT = 5.0
-#: Requests given up on whose late answer is still watched for (see _on_commit).
-GIVEN_UP_KEPT = 16
 
 _MAP_TOO_LARGE = (
     "the offset map is larger than the broker's offset.metadata.max.bytes; set "
@@ -156,14 +157,8 @@ class Poller:
         self._delivered_to: dict[TopicPartition, int] = {}
         #: Since when the poller has been waiting for credit (None while it has enough).
         self._stalled_since: float | None = None
-        #: The asynchronous commit request sent and not yet answered by the client's callback.
-        self._unanswered: _Unanswered | None = None
-        #: Commits that arrived while it was unanswered, in arrival order (see the module doc).
-        self._queued: list[Commit] = []
-        #: Requests given up on (no answer in time) that the client may still store.
-        self._given_up: deque[_Unanswered] = deque(maxlen=GIVEN_UP_KEPT)
-        #: The newest offset sent per partition (what a late older request must not undo).
-        self._last_sent: dict[TopicPartition, OffsetCommit] = {}
+        #: Which commit goes out when, which answer goes to which command.
+        self._requests = CommitRequests()
         self._last_poll: float | None = None
         #: Records the client delivered beyond the credit (see _hand_over), in order.
         self._overflow: deque[Any] = deque()
@@ -255,8 +250,8 @@ class Poller:
             len(self._paused),
             self._last_poll,
             self._stalled_since,
-            None if self._unanswered is None else self._unanswered.sent_at,
-            len(self._queued),
+            None if (sent := self._requests.unanswered) is None else sent.sent_at,
+            self._requests.queued,
         )
 
     def _run(self) -> None:
@@ -281,10 +276,8 @@ class Poller:
                     continue
                 self._apply_pauses()
                 self._last_poll = time.monotonic()
-                busy = (
-                    self._unanswered is not None
-                    or self._queued
-                    or (credit.held and self._last_poll < self._busy_until)
+                busy = self._requests.waiting or (
+                    credit.held and self._last_poll < self._busy_until
                 )
                 messages = consumer.consume(
                     num_messages=max(1, min(self._fetch_batch, credit.available)),
@@ -304,7 +297,7 @@ class Poller:
             self._post(PollerFailed(exc))
         finally:
             self._stopping = True
-            self._answer_unanswered("the consumer closed before the commit was answered")
+            self._reply(self._requests.close("the consumer closed before the commit was answered"))
             self._publish()
             try:
                 consumer.close()
@@ -493,89 +486,47 @@ class Poller:
 
     # -- commits ------------------------------------------------------------------------------
 
-    def _live(
-        self, offsets: Iterable[OffsetCommit]
-    ) -> tuple[list[OffsetCommit], list[CommitAnswer]]:
-        """The offsets of partitions held in the epoch they were planned in, and answers for
-        the others (never sent: a commit of an earlier epoch must not reach the client)."""
-        live: list[OffsetCommit] = []
-        dropped: list[CommitAnswer] = []
-        for commit in offsets:
-            if self._epochs.get(commit.tp) == commit.epoch:
-                live.append(commit)
-            else:
-                dropped.append(CommitAnswer(commit, "the partition is no longer assigned"))
-        return live, dropped
-
     def _commit(self, command: Commit) -> None:
-        if self._unanswered is None:
-            queued, self._queued = self._queued, []
-            self._send((*queued, command))
-            return
-        revoking = self._revoking
-        if command.sync and revoking and all(c.tp in revoking for c in command.offsets):
-            # The revoke's final commit, inside the revoke callback: it cannot wait for an
-            # answer the client serves only in consume(). Alone: queued commits of partitions
-            # kept must stay behind the request on its way (docs/commits.md).
-            self._send((command,))
-            return
-        live, dropped = self._live(command.offsets)
-        if live:
-            self._queued.append(command)
-        else:
-            command.reply.set_result(tuple(dropped))
+        self._carry_out(self._requests.commit(command, self._epochs, self._revoking))
 
     def _send_queued(self) -> None:
         """Send the commits that waited, once the request before them is answered (or counts
         as lost)."""
-        pending = self._unanswered
-        if pending is not None:
-            if time.monotonic() - pending.sent_at < COMMIT_ANSWER_TIMEOUT:
-                return
+        self._carry_out(self._requests.due(time.monotonic(), COMMIT_ANSWER_TIMEOUT, self._epochs))
+
+    def _carry_out(self, decision: Decision) -> None:
+        if (gave_up := decision.gave_up) is not None:
             log.warning(
                 "no answer to the commit of %s after %.0fs; sending what waited behind it",
-                ", ".join(f"{t}[{p}]@{c.offset}" for (t, p), c in pending.sent.items()),
+                ", ".join(f"{t}[{p}]@{c.offset}" for (t, p), c in gave_up.sent.items()),
                 COMMIT_ANSWER_TIMEOUT,
             )
-            self._unanswered = None
-            self._given_up.append(pending)
-            pending.resolve({}, "the client did not answer the commit")
-        if self._queued:
-            queued, self._queued = self._queued, []
-            self._send(queued)
+        self._reply(decision.replies)
+        if decision.send is not None:
+            self._send(decision.send)
 
-    def _send(self, commands: Sequence[Commit]) -> None:
-        """One request with the newest offset of each partition in ``commands`` (in the order
-        the controller sent them), synchronous if any of them is. Every command is answered:
-        an offset another one superseded shares the answer of the offset sent for its
-        partition."""
-        newest: dict[TopicPartition, OffsetCommit] = {}
-        for command in commands:
-            for commit in command.offsets:
-                newest[commit.tp] = commit
-        live, dropped = self._live(newest.values())
-        request = _Unanswered(
-            tuple(commands), {c.tp: c for c in live}, {a.commit.tp: a for a in dropped}
-        )
-        if not live:
-            request.resolve({})
-            return
-        for commit in live:
-            self._last_sent[commit.tp] = commit
+    def _send(self, request: Request) -> None:
+        """Send ``request``: synchronously if it says so (answered at once), else
+        asynchronously (answered by the client's ``on_commit`` callback)."""
+        live = request.offsets
         offsets = [_request(c) for c in live]
-        if any(c.sync for c in commands):
-            request.answer(self._commit_sync(live, offsets))
+        if request.sync:
+            self._reply(request.answer(self._commit_sync(live, offsets)))
             return
         try:
             self._consumer.commit(offsets=offsets, asynchronous=True)
         except KafkaException as exc:
-            request.answer(_failed(live, exc))
+            self._reply(request.answer(_failed(live, exc)))
             return
-        assert self._unanswered is None, "only a synchronous commit may overtake one unanswered"
-        self._unanswered = request
+        self._requests.on_its_way(request, time.monotonic())
+
+    @staticmethod
+    def _reply(replies: Iterable[Reply]) -> None:
+        for reply in replies:
+            reply.command.reply.set_result(reply.answers)
 
     def _commit_sync(
-        self, commits: list[OffsetCommit], request: list[Any]
+        self, commits: Sequence[OffsetCommit], request: list[Any]
     ) -> tuple[CommitAnswer, ...]:
         try:
             answer = self._consumer.commit(offsets=request, asynchronous=False)
@@ -589,7 +540,7 @@ class Poller:
         """Commit the open transaction with these offsets (see :class:`Transact`)."""
         outputs = self._outputs
         assert outputs is not None, "Transact needs run_transactions()"
-        live, dropped = self._live(command.offsets)
+        live, dropped = split_live(command.offsets, self._epochs)
         if command.abort:
             outcome, reason = outputs.abort(
                 "an output of the transaction was not sent, or partitions with outputs in it "
@@ -667,50 +618,19 @@ class Poller:
 
     def _on_commit(self, error: Any, partitions: list[Any]) -> None:
         """The client's ``on_commit`` callback (served inside ``consume()`` on this thread).
-
-        It does not say which request it answers: it answers the unanswered one if it has the
-        same partitions and offsets. Anything else is the echo of a synchronous commit (already
-        answered) or the late answer of a request given up on.
-        """
-        pending = self._unanswered
+        It does not say which request it answers: CommitRequests matches it."""
         answered = {(p.topic, p.partition): p.offset for p in partitions}
-        if pending is None or {tp: c.offset for tp, c in pending.sent.items()} != answered:
-            self._late_answer(answered)
-            return
-        self._unanswered = None
-        pending.resolve({(p.topic, p.partition): p.error or error for p in partitions})
-
-    def _late_answer(self, answered: dict[TopicPartition, int]) -> None:
-        """The answer of a request given up on: it was stored now, possibly after a newer
-        request of the same partitions. Send the newest offset of those partitions again (it
-        waits behind any request on its way like every commit), so the group ends on it."""
-        for index, late in enumerate(self._given_up):
-            if {tp: c.offset for tp, c in late.sent.items()} == answered:
-                del self._given_up[index]
-                break
-        else:
-            return  # the echo of a synchronous commit
-        again = tuple(
-            newest
-            for tp, commit in late.sent.items()
-            if (newest := self._last_sent.get(tp)) is not None
-            and newest != commit
-            and self._epochs.get(tp) == newest.epoch
-        )
+        request, again = self._requests.answered(answered, self._epochs)
         if again:
             log.warning(
                 "a commit given up on was stored late; committing %s again",
                 ", ".join(f"{c.tp[0]}[{c.tp[1]}]@{c.offset}" for c in again),
             )
-            self._queued.append(Commit(again, sync=False, reply=Future()))
-
-    def _answer_unanswered(self, reason: str) -> None:
-        pending, self._unanswered = self._unanswered, None
-        if pending is not None:
-            pending.resolve({}, reason)
-        queued, self._queued = self._queued, []
-        for command in queued:
-            _Unanswered((command,), {c.tp: c for c in command.offsets}, {}).resolve({}, reason)
+        if request is not None:
+            errors = {(p.topic, p.partition): p.error or error for p in partitions}
+            self._reply(
+                request.answer(_answer(c, errors.get(tp)) for tp, c in request.sent.items())
+            )
 
     # -- rebalance callbacks (inside consume(), on this thread) --------------------------------
 
@@ -861,50 +781,6 @@ class Poller:
             f"<Poller assigned={len(self._epochs)} paused={len(self._paused)} "
             f"{self._credit!r}{' stopping' if self._stopping else ''}>"
         )
-
-
-class _Unanswered:
-    """One commit request and the commands it answers."""
-
-    __slots__ = ("commands", "dropped", "sent", "sent_at")
-
-    def __init__(
-        self,
-        commands: tuple[Commit, ...],
-        sent: dict[TopicPartition, OffsetCommit],
-        dropped: dict[TopicPartition, CommitAnswer],
-    ) -> None:
-        self.commands = commands
-        #: The offset sent per partition; answers of partitions never sent (no longer held).
-        self.sent = sent
-        self.dropped = dropped
-        self.sent_at = time.monotonic()
-
-    def resolve(self, errors: dict[TopicPartition, Any], missing: str | None = None) -> None:
-        """Answer with ``errors`` per partition; partitions absent from it failed with
-        ``missing`` if given, else succeeded."""
-        answers = []
-        for tp, commit in self.sent.items():
-            if tp in errors:
-                answers.append(_answer(commit, errors[tp]))
-            else:
-                answers.append(CommitAnswer(commit, missing))
-        self.answer(answers)
-
-    def answer(self, answers: Iterable[CommitAnswer]) -> None:
-        """Reply to every command: an offset gets the answer of its partition's request."""
-        by_tp = {**self.dropped, **{a.commit.tp: a for a in answers}}
-        for command in self.commands:
-            out = []
-            for commit in command.offsets:
-                found = by_tp[commit.tp]
-                if found.commit.epoch != commit.epoch:
-                    # (superseded by an offset of a later assignment: never sent)
-                    found = CommitAnswer(commit, "the partition is no longer assigned")
-                elif found.commit != commit:
-                    found = CommitAnswer(commit, found.error, found.permanent)
-                out.append(found)
-            command.reply.set_result(tuple(out))
 
 
 def _request(commit: OffsetCommit) -> Any:
