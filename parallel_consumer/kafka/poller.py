@@ -26,7 +26,6 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -52,6 +51,7 @@ from parallel_consumer._events import (
     Transact,
 )
 from parallel_consumer.errors import InternalError
+from parallel_consumer.kafka.assigned import AssignedPartitions, Batches
 from parallel_consumer.kafka.commit_requests import (
     CommitRequests,
     Decision,
@@ -144,32 +144,24 @@ class Poller:
         self._thread = threading.Thread(target=self._run, name=f"{name}-poller", daemon=True)
         # Owned by the poller thread:
         self._credit = Credit(limit, fetch_batch)
-        self._epochs: dict[TopicPartition, int] = {}
-        self._next_epoch = 0
+        #: Epochs and what was handed over per partition; records held back beyond the credit.
+        self._assigned = AssignedPartitions()
         self._wanted_paused: frozenset[TopicPartition] = frozenset()
         self._paused: set[TopicPartition] = set()
-        #: Per partition: the client position last reported, and one past the last delivered offset.
-        self._positions: dict[TopicPartition, int] = {}
         #: Until when consume() waits only BUSY_POLL_TIMEOUT (records came or left recently).
         self._busy_until = 0.0
         #: When the positions are next read after a consume() that returned nothing.
         self._next_positions = 0.0
-        self._delivered_to: dict[TopicPartition, int] = {}
         #: Since when the poller has been waiting for credit (None while it has enough).
         self._stalled_since: float | None = None
         #: Which commit goes out when, which answer goes to which command.
         self._requests = CommitRequests()
         self._last_poll: float | None = None
-        #: Records the client delivered beyond the credit (see _hand_over), in order.
-        self._overflow: deque[Any] = deque()
         self._stopping = False
         #: The producer whose transactions this poller runs (transactional mode only).
         self._outputs: Outputs | None = None
         #: Partitions being revoked right now (inside the revoke callback).
         self._revoking: frozenset[TopicPartition] = frozenset()
-        #: Per partition: the first offset the client delivered in this assignment (where a
-        #: rewind goes when nothing was committed yet).
-        self._first_seen: dict[TopicPartition, int] = {}
         #: The latest snapshot for other threads: replaced whole, never changed in place.
         self._published: tuple[int, int, int, float | None, float | None, float | None, int] = (
             0,
@@ -246,7 +238,7 @@ class Poller:
     def _publish(self) -> None:
         self._published = (
             self._credit.held,
-            len(self._epochs),
+            len(self._assigned.epochs),
             len(self._paused),
             self._last_poll,
             self._stalled_since,
@@ -257,6 +249,7 @@ class Poller:
     def _run(self) -> None:
         consumer = self._consumer
         credit = self._credit
+        assigned = self._assigned
         try:
             consumer.subscribe(
                 self._subscription,
@@ -267,12 +260,12 @@ class Poller:
             while not self._stopping:
                 self._run_commands()
                 self._send_queued()
-                if self._overflow:
-                    self._release_overflow()
+                if assigned.overflow:
+                    self._post_batches(*assigned.release(credit.available))
                 self._publish()
                 if self._stopping:
                     break
-                if (self._overflow or not credit.can_fetch()) and self._wait_for_credit():
+                if (assigned.overflow or not credit.can_fetch()) and self._wait_for_credit():
                     continue
                 self._apply_pauses()
                 self._last_poll = time.monotonic()
@@ -350,108 +343,32 @@ class Poller:
             self._stopping = True
 
     def _hand_over(self, messages: Sequence[Any]) -> None:
-        """Deliver what ``consume()`` returned, grouped by partition in one pass (the client
-        returns each partition's records together: the partition is looked up only where it
-        changes)."""
-        epochs = self._epochs
-        first_seen = self._first_seen
-        batches: dict[TopicPartition, tuple[int, list[Any]]] = {}
-        current: list[Any] | None = None
-        last_topic: str | None = None
-        last_partition = -1
-        count = 0
-        for message in messages:
-            error = message.error()
-            if error is not None:
-                self._client_error(error, message)
-                continue
-            partition = message.partition()
-            topic = message.topic()
-            if partition != last_partition or topic != last_topic:
-                last_partition, last_topic = partition, topic
-                tp = (topic, partition)
-                epoch = epochs.get(tp)
-                if epoch is None:
-                    current = None  # a straggler of a partition revoked during this consume()
-                    continue
-                batch = batches.get(tp)
-                if batch is None:
-                    batch = batches[tp] = (epoch, [])
-                    if tp not in first_seen:
-                        # (also for records held back in the overflow: a rewind must go back
-                        # to them when nothing was committed yet)
-                        first_seen[tp] = message.offset()
-                current = batch[1]
-            elif current is None:
-                continue
-            current.append(message)
-            count += 1
+        """Deliver what ``consume()`` returned (see AssignedPartitions.split and admit)."""
+        assigned = self._assigned
+        batches, count, errors = assigned.split(messages)
+        for error, message in errors:
+            self._client_error(error, message)
+        if count:
+            self._post_batches(*assigned.admit(batches, count, self._credit.available))
+
+    def _post_batches(self, batches: Batches, count: int) -> None:
         if not count:
             return
-        if self._overflow or count > self._credit.available:
-            # More than the credit allows: possible only from a partition assigned inside this
-            # consume(), before it could be paused. Keep them here, in order, until credit
-            # returns; the bound on records in the engine holds.
-            for _, held in batches.values():
-                self._overflow.extend(held)
-            self._release_overflow()
-        else:
-            self._post_batches(batches, count)
-
-    def _release_overflow(self) -> None:
-        overflow = self._overflow
-        count = min(len(overflow), self._credit.available)
-        if count:
-            self._deliver([overflow.popleft() for _ in range(count)])
-
-    def _deliver(self, messages: list[Any]) -> None:
-        batches: dict[TopicPartition, tuple[int, list[Any]]] = {}
-        epochs = self._epochs
-        for message in messages:
-            tp = (message.topic(), message.partition())
-            batch = batches.get(tp)
-            if batch is None:
-                batch = batches[tp] = (epochs[tp], [])
-            batch[1].append(message)
-        self._post_batches(batches, len(messages))
-
-    def _post_batches(
-        self, batches: dict[TopicPartition, tuple[int, list[Any]]], count: int
-    ) -> None:
-        delivered_to = self._delivered_to
-        for tp, (_, batch_messages) in batches.items():
-            delivered_to[tp] = batch_messages[-1].offset() + 1
+        self._assigned.handed_over(batches)
         self._credit.take(count)
         self._post(RecordsPolled(batches))
 
     def _report_positions(self) -> None:
-        """Tell the controller when the client has read past the last delivered record.
-
-        That happens only where the log ends with offsets that are not records (transaction
-        markers, aborted records): without it the group would show a lag of one forever.
-        """
-        if not self._epochs:
+        """Tell the controller when the client has read past the last delivered record (see
+        AssignedPartitions.reached)."""
+        epochs = self._assigned.epochs
+        if not epochs:
             return
-        request = [KafkaTopicPartition(t, p) for t, p in self._epochs]
-        # The client's position is past records still held back here: not a gap.
-        held_back = {(m.topic(), m.partition()) for m in self._overflow}
-        changed = []
-        for answer in self._consumer.position(request):
-            tp = (answer.topic, answer.partition)
-            offset = answer.offset
-            epoch = self._epochs.get(tp)
-            if (
-                epoch is None
-                or tp in held_back
-                or offset < 0
-                or offset <= self._delivered_to.get(tp, -1)
-                or offset == self._positions.get(tp)
-            ):
-                continue
-            self._positions[tp] = offset
-            changed.append((tp, epoch, offset))
+        request = [KafkaTopicPartition(t, p) for t, p in epochs]
+        answers = self._consumer.position(request)
+        changed = self._assigned.reached(((a.topic, a.partition), a.offset) for a in answers)
         if changed:
-            self._post(PositionsReached(tuple(changed)))
+            self._post(PositionsReached(changed))
 
     def _client_error(self, error: Any, message: Any) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
@@ -460,7 +377,7 @@ class Poller:
             raise KafkaException(error)
         tp = (message.topic(), message.partition())
         offset = message.offset()
-        if tp in self._epochs and offset is not None and offset >= 0:
+        if tp in self._assigned.epochs and offset is not None and offset >= 0:
             # A record the client cannot deliver (corrupt, too large, ...). Skipping it would
             # let a later commit pass it unprocessed: stop instead, and say where.
             self._post(RecordUnreadable(tp, offset, str(error)))
@@ -469,7 +386,7 @@ class Poller:
         log.warning("Kafka client reported: %s", error)
 
     def _apply_pauses(self) -> None:
-        assigned = self._epochs.keys()
+        assigned = self._assigned.epochs.keys()
         if self._stalled_since is not None:
             wanted = set(assigned)
         else:
@@ -487,12 +404,14 @@ class Poller:
     # -- commits ------------------------------------------------------------------------------
 
     def _commit(self, command: Commit) -> None:
-        self._carry_out(self._requests.commit(command, self._epochs, self._revoking))
+        self._carry_out(self._requests.commit(command, self._assigned.epochs, self._revoking))
 
     def _send_queued(self) -> None:
         """Send the commits that waited, once the request before them is answered (or counts
         as lost)."""
-        self._carry_out(self._requests.due(time.monotonic(), COMMIT_ANSWER_TIMEOUT, self._epochs))
+        self._carry_out(
+            self._requests.due(time.monotonic(), COMMIT_ANSWER_TIMEOUT, self._assigned.epochs)
+        )
 
     def _carry_out(self, decision: Decision) -> None:
         if (gave_up := decision.gave_up) is not None:
@@ -540,7 +459,7 @@ class Poller:
         """Commit the open transaction with these offsets (see :class:`Transact`)."""
         outputs = self._outputs
         assert outputs is not None, "Transact needs run_transactions()"
-        live, dropped = split_live(command.offsets, self._epochs)
+        live, dropped = split_live(command.offsets, self._assigned.epochs)
         if command.abort:
             outcome, reason = outputs.abort(
                 "an output of the transaction was not sent, or partitions with outputs in it "
@@ -574,14 +493,10 @@ class Poller:
         new epoch too, without an assignment: offsets the controller planned for them before it
         learnt of the abort (their records' outputs are gone) are then dropped, never
         committed."""
-        self._next_epoch += 1
-        for tp in self._revoking:
-            if tp in self._epochs:
-                self._epochs[tp] = self._next_epoch
-        tps = [tp for tp in self._epochs if tp not in self._revoking]
-        if not tps:
+        epoch, first_seen = self._assigned.renew(self._revoking)
+        if not first_seen:
             return
-        request = [KafkaTopicPartition(t, p) for t, p in tps]
+        request = [KafkaTopicPartition(t, p) for t, p in first_seen]
         # Strict: a rewind to a guessed offset would produce outputs committed before again.
         answer = self._consumer.committed(request, timeout=REQUEST_TIMEOUT)
         committed = {
@@ -589,20 +504,10 @@ class Poller:
             for r in answer
             if r.error is None and r.offset >= 0
         }
-        epoch = self._next_epoch
-        gone = set(tps)
-        if self._overflow:
-            self._overflow = deque(
-                m for m in self._overflow if (m.topic(), m.partition()) not in gone
-            )
         assignments = []
-        for tp in tps:
+        for tp, first in first_seen.items():
             found = committed.get(tp)
-            offset = found[0] if found is not None else self._first_seen.get(tp)
-            self._epochs[tp] = epoch
-            self._positions.pop(tp, None)
-            self._delivered_to.pop(tp, None)
-            self._first_seen.pop(tp, None)
+            offset = found[0] if found is not None else first
             if offset is not None:
                 self._consumer.seek(KafkaTopicPartition(tp[0], tp[1], offset))
             assignments.append(
@@ -613,14 +518,15 @@ class Poller:
                     None if found is None else found[1],
                 )
             )
-        log.warning("rewound %s to the committed offsets", ", ".join(f"{t}[{p}]" for t, p in tps))
+        rewound = ", ".join(f"{t}[{p}]" for t, p in first_seen)
+        log.warning("rewound %s to the committed offsets", rewound)
         self._post(PartitionsAssigned(tuple(assignments)))
 
     def _on_commit(self, error: Any, partitions: list[Any]) -> None:
         """The client's ``on_commit`` callback (served inside ``consume()`` on this thread).
         It does not say which request it answers: CommitRequests matches it."""
         answered = {(p.topic, p.partition): p.offset for p in partitions}
-        request, again = self._requests.answered(answered, self._epochs)
+        request, again = self._requests.answered(answered, self._assigned.epochs)
         if again:
             log.warning(
                 "a commit given up on was stored late; committing %s again",
@@ -636,19 +542,15 @@ class Poller:
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         self._assert_owner()
-        self._next_epoch += 1
-        epoch = self._next_epoch
         committed, exact = self._committed(partitions)
+        epoch = self._assigned.assign((p.topic, p.partition) for p in partitions)
         assignments = []
         for p in partitions:
-            tp = (p.topic, p.partition)
-            self._epochs[tp] = epoch
-            self._positions.pop(tp, None)
-            self._delivered_to.pop(tp, None)
-            self._first_seen.pop(tp, None)
-            found = committed.get(tp)
+            found = committed.get((p.topic, p.partition))
             offset, metadata = found if found is not None else (None, None)
-            assignments.append(Assignment(tp, epoch, offset, metadata, exact_metadata=exact))
+            assignments.append(
+                Assignment((p.topic, p.partition), epoch, offset, metadata, exact_metadata=exact)
+            )
         log.info("assigned %s", _names(partitions))
         self._post(PartitionsAssigned(tuple(assignments)))
         self._call_user(self._user_on_assign, consumer, partitions)
@@ -689,17 +591,8 @@ class Poller:
         """Drop the poller's per-partition state of partitions leaving the assignment."""
         tps = tuple((p.topic, p.partition) for p in partitions)
         self._resume_leaving(tps)
-        if self._overflow:
-            gone = set(tps)
-            self._overflow = deque(
-                m for m in self._overflow if (m.topic(), m.partition()) not in gone
-            )
-        for tp in tps:
-            self._epochs.pop(tp, None)
-            self._paused.discard(tp)
-            self._positions.pop(tp, None)
-            self._delivered_to.pop(tp, None)
-            self._first_seen.pop(tp, None)
+        self._assigned.forget(tps)
+        self._paused.difference_update(tps)
         return tps
 
     def _resume_leaving(self, tps: tuple[TopicPartition, ...]) -> None:
@@ -778,7 +671,7 @@ class Poller:
 
     def __repr__(self) -> str:
         return (
-            f"<Poller assigned={len(self._epochs)} paused={len(self._paused)} "
+            f"<Poller assigned={len(self._assigned.epochs)} paused={len(self._paused)} "
             f"{self._credit!r}{' stopping' if self._stopping else ''}>"
         )
 
