@@ -51,6 +51,7 @@ from parallel_consumer._events import (
     Transact,
 )
 from parallel_consumer.errors import InternalError
+from parallel_consumer.kafka import client_offsets
 from parallel_consumer.kafka.assigned import AssignedPartitions, Batches
 from parallel_consumer.kafka.commit_requests import (
     CommitRequests,
@@ -61,9 +62,8 @@ from parallel_consumer.kafka.commit_requests import (
 )
 from parallel_consumer.kafka.committed_reader import CommittedReader
 from parallel_consumer.kafka.producer import Outputs, TransactionOutcome
-from parallel_consumer.offsets import read_committed_metadata
 from parallel_consumer.status import PollerStatistics
-from parallel_consumer.work.commit_tracker import CommitAnswer, OffsetCommit
+from parallel_consumer.work.commit_tracker import CommitAnswer
 from parallel_consumer.work.credit import Credit
 from parallel_consumer.work.item import TopicPartition
 
@@ -98,19 +98,6 @@ REQUEST_TIMEOUT = 10.0
 #: answers every request (within its own time-outs and retries); this only bounds a wait for an
 #: answer that can no longer be matched to its request.
 COMMIT_ANSWER_TIMEOUT = 5.0
-
-_MAP_TOO_LARGE = (
-    "the offset map is larger than the broker's offset.metadata.max.bytes; set "
-    "Options(max_metadata_bytes=...) to at most that value"
-)
-#: Commit errors that fail again however often they are retried.
-_PERMANENT_COMMIT_ERRORS = {
-    KafkaError.OFFSET_METADATA_TOO_LARGE: _MAP_TOO_LARGE,
-    KafkaError.INVALID_COMMIT_OFFSET_SIZE: _MAP_TOO_LARGE,
-    KafkaError.TOPIC_AUTHORIZATION_FAILED: "the consumer may not commit for this topic",
-    KafkaError.GROUP_AUTHORIZATION_FAILED: "the consumer may not commit for this group",
-    KafkaError.INVALID_GROUP_ID: "the group.id is not valid",
-}
 
 
 class Poller:
@@ -428,14 +415,15 @@ class Poller:
         """Send ``request``: synchronously if it says so (answered at once), else
         asynchronously (answered by the client's ``on_commit`` callback)."""
         live = request.offsets
-        offsets = [_request(c) for c in live]
         if request.sync:
-            self._reply(request.answer(self._commit_sync(live, offsets)))
+            self._reply(request.answer(client_offsets.commit_sync(self._consumer, live)))
             return
         try:
-            self._consumer.commit(offsets=offsets, asynchronous=True)
+            self._consumer.commit(
+                offsets=[client_offsets.request(c) for c in live], asynchronous=True
+            )
         except KafkaException as exc:
-            self._reply(request.answer(_failed(live, exc)))
+            self._reply(request.answer(client_offsets.failed(live, exc)))
             return
         self._requests.on_its_way(request, time.monotonic())
 
@@ -443,17 +431,6 @@ class Poller:
     def _reply(replies: Iterable[Reply]) -> None:
         for reply in replies:
             reply.command.reply.set_result(reply.answers)
-
-    def _commit_sync(
-        self, commits: Sequence[OffsetCommit], request: list[Any]
-    ) -> tuple[CommitAnswer, ...]:
-        try:
-            answer = self._consumer.commit(offsets=request, asynchronous=False)
-        except KafkaException as exc:
-            log.warning("commit failed: %s", exc)
-            return _failed(commits, exc)
-        errors = {(r.topic, r.partition): r.error for r in answer or ()}
-        return tuple(_answer(c, errors.get(c.tp)) for c in commits)
 
     def _transact(self, command: Transact) -> None:
         """Commit the open transaction with these offsets (see :class:`Transact`)."""
@@ -466,7 +443,7 @@ class Poller:
                 "were lost"
             )
         else:
-            request = [_request(c) for c in live]
+            request = [client_offsets.request(c) for c in live]
             metadata = self._consumer.consumer_group_metadata() if request else None
             outcome, reason = outputs.transact(request, metadata)
         if outcome is TransactionOutcome.COMMITTED:
@@ -496,14 +473,11 @@ class Poller:
         epoch, first_seen = self._assigned.renew(self._revoking)
         if not first_seen:
             return
-        request = [KafkaTopicPartition(t, p) for t, p in first_seen]
-        # Strict: a rewind to a guessed offset would produce outputs committed before again.
-        answer = self._consumer.committed(request, timeout=REQUEST_TIMEOUT)
-        committed = {
-            (r.topic, r.partition): (r.offset, read_committed_metadata(r))
-            for r in answer
-            if r.error is None and r.offset >= 0
-        }
+        # Strict (one attempt, its error raised): a rewind to a guessed offset would produce
+        # outputs committed before again.
+        read = client_offsets.read_committed(self._consumer, list(first_seen), REQUEST_TIMEOUT)
+        assert read is not None
+        committed = read[0]
         assignments = []
         for tp, first in first_seen.items():
             found = committed.get(tp)
@@ -535,57 +509,34 @@ class Poller:
         if request is not None:
             errors = {(p.topic, p.partition): p.error or error for p in partitions}
             self._reply(
-                request.answer(_answer(c, errors.get(tp)) for tp, c in request.sent.items())
+                request.answer(
+                    client_offsets.answer(c, errors.get(tp)) for tp, c in request.sent.items()
+                )
             )
 
     # -- rebalance callbacks (inside consume(), on this thread) --------------------------------
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         self._assert_owner()
-        committed, exact = self._committed(partitions)
-        epoch = self._assigned.assign((p.topic, p.partition) for p in partitions)
-        assignments = []
-        for p in partitions:
-            found = committed.get((p.topic, p.partition))
-            offset, metadata = found if found is not None else (None, None)
-            assignments.append(
-                Assignment((p.topic, p.partition), epoch, offset, metadata, exact_metadata=exact)
+        tps = [(p.topic, p.partition) for p in partitions]
+        read = client_offsets.read_committed(
+            self._consumer, tps, REQUEST_TIMEOUT, exact_reader=self._exact_reader, attempts=3
+        )
+        if read is None:
+            log.warning(
+                "could not read committed offsets of %s: finished records above the committed "
+                "offset will be processed again",
+                _names(partitions),
             )
+        committed, exact = read or ({}, False)
+        epoch = self._assigned.assign(tps)
+        assignments = []
+        for tp in tps:
+            offset, metadata = committed.get(tp, (None, None))
+            assignments.append(Assignment(tp, epoch, offset, metadata, exact_metadata=exact))
         log.info("assigned %s", _names(partitions))
         self._post(PartitionsAssigned(tuple(assignments)))
         self._call_user(self._user_on_assign, consumer, partitions)
-
-    def _committed(
-        self, partitions: list[Any]
-    ) -> tuple[dict[TopicPartition, tuple[int, str | None]], bool]:
-        """The committed offsets and metadata, and whether the metadata is exact: read with its
-        length through librdkafka when possible, else through confluent-kafka's ``committed()``,
-        which may append stray bytes to a map the Java client committed."""
-        if self._exact_reader is not None:
-            tps = [(p.topic, p.partition) for p in partitions]
-            exact = self._exact_reader.read(tps, REQUEST_TIMEOUT)
-            if exact is not None:
-                return exact, True
-        request = [KafkaTopicPartition(p.topic, p.partition) for p in partitions]
-        for attempt in range(3):
-            try:
-                answer = self._consumer.committed(request, timeout=REQUEST_TIMEOUT)
-            except KafkaException as exc:
-                log.warning("reading committed offsets failed (attempt %d): %s", attempt + 1, exc)
-                continue
-            # read_committed_metadata: a map the Java client committed comes back followed by
-            # stray bytes, which may not even be UTF-8 (see offsets/codec.py).
-            return {
-                (r.topic, r.partition): (r.offset, read_committed_metadata(r))
-                for r in answer
-                if r.error is None and r.offset >= 0
-            }, False
-        log.warning(
-            "could not read committed offsets of %s: finished records above the committed "
-            "offset will be processed again",
-            _names(partitions),
-        )
-        return {}, False
 
     def _forget(self, partitions: list[Any]) -> tuple[TopicPartition, ...]:
         """Drop the poller's per-partition state of partitions leaving the assignment."""
@@ -674,29 +625,6 @@ class Poller:
             f"<Poller assigned={len(self._assigned.epochs)} paused={len(self._paused)} "
             f"{self._credit!r}{' stopping' if self._stopping else ''}>"
         )
-
-
-def _request(commit: OffsetCommit) -> Any:
-    tp = commit.tp
-    if commit.metadata:
-        return KafkaTopicPartition(tp[0], tp[1], commit.offset, commit.metadata)
-    # No map: send no metadata at all (an empty string would be stored as a lone NUL byte).
-    return KafkaTopicPartition(tp[0], tp[1], commit.offset)
-
-
-def _answer(commit: OffsetCommit, error: Any) -> CommitAnswer:
-    if error is None:
-        return CommitAnswer(commit)
-    code = error.code() if isinstance(error, KafkaError) else None
-    hint = _PERMANENT_COMMIT_ERRORS.get(code) if code is not None else None
-    if hint is not None:
-        return CommitAnswer(commit, f"{error} ({hint})", permanent=True)
-    return CommitAnswer(commit, str(error))
-
-
-def _failed(commits: Sequence[OffsetCommit], exc: KafkaException) -> tuple[CommitAnswer, ...]:
-    error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else exc
-    return tuple(_answer(c, error) for c in commits)
 
 
 def _names(partitions: list[Any]) -> str:
