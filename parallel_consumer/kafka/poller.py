@@ -50,7 +50,6 @@ from parallel_consumer._events import (
     StopPoller,
     Transact,
 )
-from parallel_consumer.errors import InternalError
 from parallel_consumer.kafka import client_offsets
 from parallel_consumer.kafka.assigned import AssignedPartitions, Batches
 from parallel_consumer.kafka.commit_requests import (
@@ -58,12 +57,11 @@ from parallel_consumer.kafka.commit_requests import (
     Decision,
     Reply,
     Request,
-    split_live,
 )
 from parallel_consumer.kafka.committed_reader import CommittedReader
-from parallel_consumer.kafka.producer import Outputs, TransactionOutcome
+from parallel_consumer.kafka.producer import Outputs
+from parallel_consumer.kafka.transactions import Transactions
 from parallel_consumer.status import PollerStatistics
-from parallel_consumer.work.commit_tracker import CommitAnswer
 from parallel_consumer.work.credit import Credit
 from parallel_consumer.work.item import TopicPartition
 
@@ -145,8 +143,8 @@ class Poller:
         self._requests = CommitRequests()
         self._last_poll: float | None = None
         self._stopping = False
-        #: The producer whose transactions this poller runs (transactional mode only).
-        self._outputs: Outputs | None = None
+        #: Runs the transactions of the library's producer (transactional mode only).
+        self._transactions: Transactions | None = None
         #: Partitions being revoked right now (inside the revoke callback).
         self._revoking: frozenset[TopicPartition] = frozenset()
         #: The latest snapshot for other threads: replaced whole, never changed in place.
@@ -175,7 +173,9 @@ class Poller:
 
     def run_transactions(self, outputs: Outputs) -> None:
         """Run the transactions of ``outputs`` (before :meth:`start`)."""
-        self._outputs = outputs
+        self._transactions = Transactions(
+            outputs, self._consumer, self._assigned, self._post, request_timeout=REQUEST_TIMEOUT
+        )
 
     def start(self) -> None:
         self._thread.start()
@@ -323,7 +323,8 @@ class Poller:
         elif isinstance(command, Commit):
             self._commit(command)
         elif isinstance(command, Transact):
-            self._transact(command)
+            assert self._transactions is not None, "Transact needs run_transactions()"
+            self._transactions.transact(command, self._revoking)
         elif isinstance(command, SetPaused):
             self._wanted_paused = command.tps
         elif isinstance(command, StopPoller):
@@ -432,70 +433,6 @@ class Poller:
         for reply in replies:
             reply.command.reply.set_result(reply.answers)
 
-    def _transact(self, command: Transact) -> None:
-        """Commit the open transaction with these offsets (see :class:`Transact`)."""
-        outputs = self._outputs
-        assert outputs is not None, "Transact needs run_transactions()"
-        live, dropped = split_live(command.offsets, self._assigned.epochs)
-        if command.abort:
-            outcome, reason = outputs.abort(
-                "an output of the transaction was not sent, or partitions with outputs in it "
-                "were lost"
-            )
-        else:
-            request = [client_offsets.request(c) for c in live]
-            metadata = self._consumer.consumer_group_metadata() if request else None
-            outcome, reason = outputs.transact(request, metadata)
-        if outcome is TransactionOutcome.COMMITTED:
-            command.reply.set_result((*dropped, *(CommitAnswer(c) for c in live)))
-            return
-        if outcome is TransactionOutcome.ABORTED:
-            # Outputs and offsets of the aborted transaction are gone, while the controller
-            # counts their records as finished: start every partition again from its committed
-            # offset (under a new epoch, so nothing of the old one is produced or committed).
-            self._rewind()
-            failure = f"transaction aborted ({reason}); processing again from the committed offset"
-            command.reply.set_result((*dropped, *(CommitAnswer(c, failure) for c in live)))
-            return
-        command.reply.set_result(
-            (*dropped, *(CommitAnswer(c, reason, permanent=True) for c in live))
-        )
-        if not live:
-            # Nothing to carry the failure to the controller: stop through the poller instead.
-            raise InternalError(reason)
-
-    def _rewind(self) -> None:
-        """After an abort: seek every partition kept (not being revoked) back to its committed
-        offset and post it as assigned again, under a new epoch. Partitions being revoked get a
-        new epoch too, without an assignment: offsets the controller planned for them before it
-        learnt of the abort (their records' outputs are gone) are then dropped, never
-        committed."""
-        epoch, first_seen = self._assigned.renew(self._revoking)
-        if not first_seen:
-            return
-        # Strict (one attempt, its error raised): a rewind to a guessed offset would produce
-        # outputs committed before again.
-        read = client_offsets.read_committed(self._consumer, list(first_seen), REQUEST_TIMEOUT)
-        assert read is not None
-        committed = read[0]
-        assignments = []
-        for tp, first in first_seen.items():
-            found = committed.get(tp)
-            offset = found[0] if found is not None else first
-            if offset is not None:
-                self._consumer.seek(KafkaTopicPartition(tp[0], tp[1], offset))
-            assignments.append(
-                Assignment(
-                    tp,
-                    epoch,
-                    None if found is None else found[0],
-                    None if found is None else found[1],
-                )
-            )
-        rewound = ", ".join(f"{t}[{p}]" for t, p in first_seen)
-        log.warning("rewound %s to the committed offsets", rewound)
-        self._post(PartitionsAssigned(tuple(assignments)))
-
     def _on_commit(self, error: Any, partitions: list[Any]) -> None:
         """The client's ``on_commit`` callback (served inside ``consume()`` on this thread).
         It does not say which request it answers: CommitRequests matches it."""
@@ -593,13 +530,8 @@ class Poller:
                     _names(partitions),
                     REVOKE_TIMEOUT,
                 )
-                if self._outputs is not None:
-                    # Their outputs may be in the open transaction, which must then not
-                    # commit without their offsets: abort it, and start the others again.
-                    outcome, reason = self._outputs.abort("a revoke timed out")
-                    if outcome is TransactionOutcome.FATAL:
-                        raise InternalError(reason)
-                    self._rewind()
+                if self._transactions is not None:
+                    self._transactions.abort("a revoke timed out", self._revoking)
         self._revoking = frozenset()
         self._forget(partitions)
         self._call_user(self._user_on_revoke, consumer, partitions)
