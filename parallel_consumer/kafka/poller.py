@@ -52,6 +52,7 @@ from parallel_consumer._events import (
 )
 from parallel_consumer.kafka import client_offsets
 from parallel_consumer.kafka.assigned import AssignedPartitions, Batches
+from parallel_consumer.kafka.client_log import ClientLog
 from parallel_consumer.kafka.commit_requests import (
     CommitRequests,
     Decision,
@@ -70,6 +71,9 @@ __all__ = ["Poller", "RebalanceCallback"]
 log = logging.getLogger("parallel_consumer")
 
 RebalanceCallback = Callable[[Any, list[Any]], object]
+#: What the poller publishes for other threads (see Poller.statistics): held, assigned,
+#: paused, last poll, stalled since, commit sent at, commits queued, all brokers down since.
+_Snapshot = tuple[int, int, int, float | None, float | None, float | None, int, float | None]
 
 #: How long one consume() blocks when nothing arrives: bounds the latency of commands. A
 #: command cannot wake a consume() in progress, so this is also how long a commit may wait
@@ -114,13 +118,18 @@ class Poller:
     ) -> None:
         # Built on the caller's thread so that configuration errors surface at construction;
         # from start() on only the poller thread touches it.
-        self._consumer = consumer_factory({**config, "on_commit": self._on_commit})
+        #: The client's log lines and errors, and whether all brokers are down.
+        self._client_log = ClientLog(f"{name} consumer", str(config.get("bootstrap.servers")))
+        self._consumer = consumer_factory(
+            self._client_log.configure({**config, "on_commit": self._on_commit})
+        )
         #: Reads committed metadata with its exact length (``kafka/committed_reader.py``),
         #: through a handle of its own made from the same configuration: only for a real client.
         self._exact_reader = (
             CommittedReader(config, name=name) if isinstance(self._consumer, Consumer) else None
         )
         self._subscription: list[str] = []
+        self._probe_topic: str | None = None
         self._post = post
         self._fetch_batch = fetch_batch
         self._user_on_assign: RebalanceCallback | None = None
@@ -148,15 +157,7 @@ class Poller:
         #: Partitions being revoked right now (inside the revoke callback).
         self._revoking: frozenset[TopicPartition] = frozenset()
         #: The latest snapshot for other threads: replaced whole, never changed in place.
-        self._published: tuple[int, int, int, float | None, float | None, float | None, int] = (
-            0,
-            0,
-            0,
-            None,
-            None,
-            None,
-            0,
-        )
+        self._published: _Snapshot = (0, 0, 0, None, None, None, 0, None)
 
     # -- called from other threads ------------------------------------------------------------
 
@@ -168,6 +169,8 @@ class Poller:
     ) -> None:
         """Set what to subscribe to once started (before :meth:`start`)."""
         self._subscription = topics
+        #: What a probe for a broker asks metadata of (see ClientLog.probe): one topic, not all.
+        self._probe_topic = next((t for t in topics if not t.startswith("^")), None)
         self._user_on_assign = on_assign
         self._user_on_revoke = on_revoke
 
@@ -197,7 +200,9 @@ class Poller:
 
     def statistics(self) -> PollerStatistics:
         """A snapshot of the poller's side (any thread): what it published last."""
-        held, assigned, paused, last_poll, stalled_since, commit_sent, queued = self._published
+        held, assigned, paused, last_poll, stalled_since, commit_sent, queued, down_since = (
+            self._published
+        )
         now = time.monotonic()
         limit = self._credit.limit
         return PollerStatistics(
@@ -210,6 +215,7 @@ class Poller:
             waiting_for_credit=None if stalled_since is None else now - stalled_since,
             commit_unanswered_for=None if commit_sent is None else now - commit_sent,
             commits_queued=queued,
+            brokers_down_for=None if down_since is None else now - down_since,
         )
 
     # -- the poller thread --------------------------------------------------------------------
@@ -231,6 +237,7 @@ class Poller:
             self._stalled_since,
             None if (sent := self._requests.unanswered) is None else sent.sent_at,
             self._requests.queued,
+            self._client_log.down_since,
         )
 
     def _run(self) -> None:
@@ -255,6 +262,7 @@ class Poller:
                 if (assigned.overflow or not credit.can_fetch()) and self._wait_for_credit():
                     continue
                 self._apply_pauses()
+                self._client_log.probe(consumer, self._probe_topic)
                 self._last_poll = time.monotonic()
                 busy = self._requests.waiting or (
                     credit.held and self._last_poll < self._busy_until
@@ -265,6 +273,7 @@ class Poller:
                 )
                 if messages:
                     self._busy_until = self._last_poll + BUSY_FOR
+                    self._client_log.reachable()
                     self._hand_over(messages)
                     self._report_positions()
                 elif self._last_poll >= self._next_positions:
@@ -455,6 +464,7 @@ class Poller:
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         self._assert_owner()
+        self._client_log.reachable()  # (the group coordinator answered)
         tps = [(p.topic, p.partition) for p in partitions]
         read = client_offsets.read_committed(
             self._consumer, tps, REQUEST_TIMEOUT, exact_reader=self._exact_reader, attempts=3
