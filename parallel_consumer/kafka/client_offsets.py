@@ -1,6 +1,7 @@
 """The consumer client's offset calls, translated once at the boundary: the offsets a commit
-sends, its answers and errors (which of them fail again however often they are retried), and
-the committed offsets read on assignment and on a rewind.
+sends, its answers and errors (which of them fail again however often they are retried), the
+commit requests carried out (:class:`CommitClient`), and the committed offsets read on
+assignment and on a rewind.
 
 Called by the poller only, on its thread (the only one that touches the client).
 """
@@ -8,18 +9,22 @@ Called by the poller only, on its thread (the only one that touches the client).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from parallel_consumer._events import Commit
+from parallel_consumer.kafka.assigned import AssignedPartitions
+from parallel_consumer.kafka.commit_requests import CommitRequests, Decision, Reply, Request
 from parallel_consumer.kafka.committed_reader import CommittedReader
 from parallel_consumer.offsets import read_committed_metadata
 from parallel_consumer.work.commit_tracker import CommitAnswer, OffsetCommit
 from parallel_consumer.work.item import TopicPartition
 
-__all__ = ["answer", "commit_sync", "failed", "read_committed", "request"]
+__all__ = ["CommitClient", "answer", "commit_sync", "failed", "kafka_offset", "read_committed"]
 
 log = logging.getLogger("parallel_consumer")
 
@@ -40,7 +45,7 @@ _PERMANENT_COMMIT_ERRORS = {
 }
 
 
-def request(commit: OffsetCommit) -> Any:
+def kafka_offset(commit: OffsetCommit) -> Any:
     """The client's form of one offset to commit."""
     tp = commit.tp
     if commit.metadata:
@@ -69,12 +74,80 @@ def failed(commits: Sequence[OffsetCommit], exc: KafkaException) -> tuple[Commit
 def commit_sync(consumer: Any, commits: Sequence[OffsetCommit]) -> tuple[CommitAnswer, ...]:
     """Commit ``commits`` and wait for the answer."""
     try:
-        stored = consumer.commit(offsets=[request(c) for c in commits], asynchronous=False)
+        stored = consumer.commit(offsets=[kafka_offset(c) for c in commits], asynchronous=False)
     except KafkaException as exc:
         log.warning("commit failed: %s", exc)
         return failed(commits, exc)
     errors = {(r.topic, r.partition): r.error for r in stored or ()}
     return tuple(answer(c, errors.get(c.tp)) for c in commits)
+
+
+class CommitClient:
+    """What :class:`CommitRequests` decides, carried out on ``client`` (the consumer): requests
+    sent, the client's ``on_commit`` answers matched to them, replies set. Owned by the poller
+    thread (the client serves its callbacks inside ``consume()``)."""
+
+    def __init__(self, client: Any, assigned: AssignedPartitions) -> None:
+        self.requests = CommitRequests()
+        self._client = client
+        self._assigned = assigned
+
+    def commit(self, command: Commit, revoking: frozenset[TopicPartition]) -> None:
+        """A Commit command arrived; ``revoking``: the partitions being revoked right now."""
+        self._carry_out(self.requests.commit(command, self._assigned.epochs, revoking))
+
+    def turn(self, now: float, answer_timeout: float) -> None:
+        """Send what waited, once the request before it is answered or given up on."""
+        decision = self.requests.due(now, answer_timeout, self._assigned.epochs)
+        if (gave_up := decision.gave_up) is not None:
+            log.warning(
+                "no answer to the commit of %s after %.0fs; sending what waited behind it",
+                ", ".join(f"{t}[{p}]@{c.offset}" for (t, p), c in gave_up.sent.items()),
+                answer_timeout,
+            )
+        self._carry_out(decision)
+
+    def on_commit(self, error: Any, partitions: list[Any]) -> None:
+        """The client's ``on_commit`` callback. It does not say which request it answers:
+        CommitRequests matches it."""
+        answered = {(p.topic, p.partition): p.offset for p in partitions}
+        request, again = self.requests.answered(answered, self._assigned.epochs)
+        if again:
+            log.warning(
+                "a commit given up on was stored late; committing %s again",
+                ", ".join(f"{c.tp[0]}[{c.tp[1]}]@{c.offset}" for c in again),
+            )
+        if request is not None:
+            errors = {(p.topic, p.partition): p.error or error for p in partitions}
+            _reply(request.answer(answer(c, errors.get(tp)) for tp, c in request.sent.items()))
+
+    def close(self, reason: str) -> None:
+        """The client closes: every commit not answered yet failed with ``reason``."""
+        _reply(self.requests.close(reason))
+
+    def _carry_out(self, decision: Decision) -> None:
+        _reply(decision.replies)
+        if decision.send is not None:
+            self._send(decision.send)
+
+    def _send(self, request: Request) -> None:
+        """Synchronously if the request says so (answered at once), else asynchronously
+        (answered by ``on_commit``)."""
+        live = request.offsets
+        if request.sync:
+            _reply(request.answer(commit_sync(self._client, live)))
+            return
+        try:
+            self._client.commit(offsets=[kafka_offset(c) for c in live], asynchronous=True)
+        except KafkaException as exc:
+            _reply(request.answer(failed(live, exc)))
+            return
+        self.requests.on_its_way(request, time.monotonic())
+
+
+def _reply(replies: Iterable[Reply]) -> None:
+    for reply in replies:
+        reply.command.reply.set_result(reply.answers)
 
 
 def read_committed(

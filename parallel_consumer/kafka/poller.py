@@ -17,7 +17,7 @@ revoked and assigned again) before it is sent never reaches the client: a commit
 revoke must not land after the revoke's final commit and move the group's offset back.
 
 One commit request at a time, queued commits merged, late answers: decided by
-``kafka/commit_requests.py``; the poller sends what it decides and sets the replies.
+``kafka/commit_requests.py``, carried out on the client by ``kafka/client_offsets.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -53,12 +53,7 @@ from parallel_consumer._events import (
 from parallel_consumer.kafka import client_offsets
 from parallel_consumer.kafka.assigned import AssignedPartitions, Batches
 from parallel_consumer.kafka.client_log import ClientLog
-from parallel_consumer.kafka.commit_requests import (
-    CommitRequests,
-    Decision,
-    Reply,
-    Request,
-)
+from parallel_consumer.kafka.client_offsets import CommitClient
 from parallel_consumer.kafka.committed_reader import CommittedReader
 from parallel_consumer.kafka.producer import Outputs
 from parallel_consumer.kafka.transactions import Transactions
@@ -116,13 +111,17 @@ class Poller:
         fetch_batch: int,
         name: str = "pc",
     ) -> None:
-        # Built on the caller's thread so that configuration errors surface at construction;
-        # from start() on only the poller thread touches it.
+        #: Epochs and what was handed over per partition; records held back beyond the credit.
+        self._assigned = AssignedPartitions()
         #: The client's log lines and errors, and whether all brokers are down.
         self._client_log = ClientLog(f"{name} consumer", str(config.get("bootstrap.servers")))
+        # Built on the caller's thread so that configuration errors surface at construction;
+        # from start() on only the poller thread touches it.
         self._consumer = consumer_factory(
             self._client_log.configure({**config, "on_commit": self._on_commit})
         )
+        #: One commit request at a time, decided and carried out on the client.
+        self._commits = CommitClient(self._consumer, self._assigned)
         #: Reads committed metadata with its exact length (``kafka/committed_reader.py``),
         #: through a handle of its own made from the same configuration: only for a real client.
         self._exact_reader = (
@@ -138,8 +137,6 @@ class Poller:
         self._thread = threading.Thread(target=self._run, name=f"{name}-poller", daemon=True)
         # Owned by the poller thread:
         self._credit = Credit(limit, fetch_batch)
-        #: Epochs and what was handed over per partition; records held back beyond the credit.
-        self._assigned = AssignedPartitions()
         self._wanted_paused: frozenset[TopicPartition] = frozenset()
         self._paused: set[TopicPartition] = set()
         #: Until when consume() waits only BUSY_POLL_TIMEOUT (records came or left recently).
@@ -148,8 +145,6 @@ class Poller:
         self._next_positions = 0.0
         #: Since when the poller has been waiting for credit (None while it has enough).
         self._stalled_since: float | None = None
-        #: Which commit goes out when, which answer goes to which command.
-        self._requests = CommitRequests()
         self._last_poll: float | None = None
         self._stopping = False
         #: Runs the transactions of the library's producer (transactional mode only).
@@ -235,8 +230,8 @@ class Poller:
             len(self._paused),
             self._last_poll,
             self._stalled_since,
-            None if (sent := self._requests.unanswered) is None else sent.sent_at,
-            self._requests.queued,
+            None if (sent := self._commits.requests.unanswered) is None else sent.sent_at,
+            self._commits.requests.queued,
             self._client_log.down_since,
         )
 
@@ -264,7 +259,7 @@ class Poller:
                 self._apply_pauses()
                 self._client_log.probe(consumer, self._probe_topic)
                 self._last_poll = time.monotonic()
-                busy = self._requests.waiting or (
+                busy = self._commits.requests.waiting or (
                     credit.held and self._last_poll < self._busy_until
                 )
                 messages = consumer.consume(
@@ -286,7 +281,7 @@ class Poller:
             self._post(PollerFailed(exc))
         finally:
             self._stopping = True
-            self._reply(self._requests.close("the consumer closed before the commit was answered"))
+            self._commits.close("the consumer closed before the commit was answered")
             self._publish()
             try:
                 consumer.close()
@@ -330,7 +325,7 @@ class Poller:
             if credit.can_fetch():
                 self._stalled_since = None
         elif isinstance(command, Commit):
-            self._commit(command)
+            self._commits.commit(command, self._revoking)
         elif isinstance(command, Transact):
             assert self._transactions is not None, "Transact needs run_transactions()"
             self._transactions.transact(command, self._revoking)
@@ -398,67 +393,16 @@ class Poller:
             self._consumer.resume([KafkaTopicPartition(t, p) for t, p in to_resume])
         self._paused = set(wanted)
 
-    # -- commits ------------------------------------------------------------------------------
-
-    def _commit(self, command: Commit) -> None:
-        self._carry_out(self._requests.commit(command, self._assigned.epochs, self._revoking))
+    # -- commits (carried out by CommitClient) -----------------------------------------------
 
     def _send_queued(self) -> None:
         """Send the commits that waited, once the request before them is answered (or counts
         as lost)."""
-        self._carry_out(
-            self._requests.due(time.monotonic(), COMMIT_ANSWER_TIMEOUT, self._assigned.epochs)
-        )
-
-    def _carry_out(self, decision: Decision) -> None:
-        if (gave_up := decision.gave_up) is not None:
-            log.warning(
-                "no answer to the commit of %s after %.0fs; sending what waited behind it",
-                ", ".join(f"{t}[{p}]@{c.offset}" for (t, p), c in gave_up.sent.items()),
-                COMMIT_ANSWER_TIMEOUT,
-            )
-        self._reply(decision.replies)
-        if decision.send is not None:
-            self._send(decision.send)
-
-    def _send(self, request: Request) -> None:
-        """Send ``request``: synchronously if it says so (answered at once), else
-        asynchronously (answered by the client's ``on_commit`` callback)."""
-        live = request.offsets
-        if request.sync:
-            self._reply(request.answer(client_offsets.commit_sync(self._consumer, live)))
-            return
-        try:
-            self._consumer.commit(
-                offsets=[client_offsets.request(c) for c in live], asynchronous=True
-            )
-        except KafkaException as exc:
-            self._reply(request.answer(client_offsets.failed(live, exc)))
-            return
-        self._requests.on_its_way(request, time.monotonic())
-
-    @staticmethod
-    def _reply(replies: Iterable[Reply]) -> None:
-        for reply in replies:
-            reply.command.reply.set_result(reply.answers)
+        self._commits.turn(time.monotonic(), COMMIT_ANSWER_TIMEOUT)
 
     def _on_commit(self, error: Any, partitions: list[Any]) -> None:
-        """The client's ``on_commit`` callback (served inside ``consume()`` on this thread).
-        It does not say which request it answers: CommitRequests matches it."""
-        answered = {(p.topic, p.partition): p.offset for p in partitions}
-        request, again = self._requests.answered(answered, self._assigned.epochs)
-        if again:
-            log.warning(
-                "a commit given up on was stored late; committing %s again",
-                ", ".join(f"{c.tp[0]}[{c.tp[1]}]@{c.offset}" for c in again),
-            )
-        if request is not None:
-            errors = {(p.topic, p.partition): p.error or error for p in partitions}
-            self._reply(
-                request.answer(
-                    client_offsets.answer(c, errors.get(tp)) for tp, c in request.sent.items()
-                )
-            )
+        """The client's ``on_commit`` callback (served inside ``consume()`` on this thread)."""
+        self._commits.on_commit(error, partitions)
 
     # -- rebalance callbacks (inside consume(), on this thread) --------------------------------
 

@@ -58,7 +58,7 @@ class Transactions:
                 "were lost"
             )
         else:
-            request = [client_offsets.request(c) for c in live]
+            request = [client_offsets.kafka_offset(c) for c in live]
             metadata = self._consumer.consumer_group_metadata() if request else None
             outcome, reason = outputs.transact(request, metadata)
         if outcome is TransactionOutcome.COMMITTED:
