@@ -54,6 +54,7 @@ from parallel_consumer.kafka import client_offsets
 from parallel_consumer.kafka.assigned import AssignedPartitions, Batches
 from parallel_consumer.kafka.client_log import ClientLog
 from parallel_consumer.kafka.client_offsets import CommitClient
+from parallel_consumer.kafka.client_pauses import ClientPauses
 from parallel_consumer.kafka.committed_reader import CommittedReader
 from parallel_consumer.kafka.producer import Outputs
 from parallel_consumer.kafka.transactions import Transactions
@@ -137,14 +138,12 @@ class Poller:
         self._thread = threading.Thread(target=self._run, name=f"{name}-poller", daemon=True)
         # Owned by the poller thread:
         self._credit = Credit(limit, fetch_batch)
-        self._wanted_paused: frozenset[TopicPartition] = frozenset()
-        self._paused: set[TopicPartition] = set()
+        #: Which partitions the client should have paused; the wait for credit.
+        self._pauses = ClientPauses()
         #: Until when consume() waits only BUSY_POLL_TIMEOUT (records came or left recently).
         self._busy_until = 0.0
         #: When the positions are next read after a consume() that returned nothing.
         self._next_positions = 0.0
-        #: Since when the poller has been waiting for credit (None while it has enough).
-        self._stalled_since: float | None = None
         self._last_poll: float | None = None
         self._stopping = False
         #: Runs the transactions of the library's producer (transactional mode only).
@@ -227,9 +226,9 @@ class Poller:
         self._published = (
             self._credit.held,
             len(self._assigned.epochs),
-            len(self._paused),
+            len(self._pauses.paused),
             self._last_poll,
-            self._stalled_since,
+            self._pauses.stalled_since,
             None if (sent := self._commits.requests.unanswered) is None else sent.sent_at,
             self._commits.requests.queued,
             self._client_log.down_since,
@@ -295,10 +294,7 @@ class Poller:
         so that it keeps what it prefetched (a pause would drop it). True if the caller should
         loop again; False once the wait has lasted STALL_PAUSE_AFTER, from when on every
         partition is paused and ``consume()`` serves the group protocol and callbacks."""
-        now = time.monotonic()
-        if self._stalled_since is None:
-            self._stalled_since = now
-        if now - self._stalled_since >= STALL_PAUSE_AFTER:
+        if not self._pauses.waiting(time.monotonic(), STALL_PAUSE_AFTER):
             return False
         try:
             command = self._commands.get(timeout=POLL_TIMEOUT)
@@ -323,14 +319,14 @@ class Poller:
             credit.give_back(command.count)
             self._busy_until = time.monotonic() + BUSY_FOR
             if credit.can_fetch():
-                self._stalled_since = None
+                self._pauses.credit_back()
         elif isinstance(command, Commit):
             self._commits.commit(command, self._revoking)
         elif isinstance(command, Transact):
             assert self._transactions is not None, "Transact needs run_transactions()"
             self._transactions.transact(command, self._revoking)
         elif isinstance(command, SetPaused):
-            self._wanted_paused = command.tps
+            self._pauses.wanted = command.tps
         elif isinstance(command, StopPoller):
             self._stopping = True
 
@@ -378,20 +374,11 @@ class Poller:
         log.warning("Kafka client reported: %s", error)
 
     def _apply_pauses(self) -> None:
-        assigned = self._assigned.epochs.keys()
-        if self._stalled_since is not None:
-            wanted = set(assigned)
-        else:
-            wanted = set(self._wanted_paused & assigned)
-        if wanted == self._paused:
-            return
-        to_pause = wanted - self._paused
-        to_resume = (self._paused - wanted) & assigned
+        to_pause, to_resume = self._pauses.changes(self._assigned.epochs.keys())
         if to_pause:
             self._consumer.pause([KafkaTopicPartition(t, p) for t, p in to_pause])
         if to_resume:
             self._consumer.resume([KafkaTopicPartition(t, p) for t, p in to_resume])
-        self._paused = set(wanted)
 
     # -- commits (carried out by CommitClient) -----------------------------------------------
 
@@ -434,17 +421,12 @@ class Poller:
         tps = tuple((p.topic, p.partition) for p in partitions)
         self._resume_leaving(tps)
         self._assigned.forget(tps)
-        self._paused.difference_update(tps)
         return tps
 
     def _resume_leaving(self, tps: tuple[TopicPartition, ...]) -> None:
-        """Resume the paused partitions of ``tps`` before they leave the assignment.
-
-        librdkafka keeps a partition's pause across a revoke: if the group hands the partition
-        back to this consumer, it stays paused, and nothing here would resume it (to the engine
-        it is a new, unpaused partition), so it would never be fetched again. Resumed now, it
-        comes back fresh, as in the Java client."""
-        paused = [tp for tp in tps if tp in self._paused]
+        """Resume the paused partitions of ``tps`` before they leave the assignment (see
+        ClientPauses.leaving): a partition handed back comes back fresh, as in the Java client."""
+        paused = self._pauses.leaving(tps)
         if not paused:
             return
         try:
@@ -508,7 +490,7 @@ class Poller:
 
     def __repr__(self) -> str:
         return (
-            f"<Poller assigned={len(self._assigned.epochs)} paused={len(self._paused)} "
+            f"<Poller assigned={len(self._assigned.epochs)} paused={len(self._pauses.paused)} "
             f"{self._credit!r}{' stopping' if self._stopping else ''}>"
         )
 
