@@ -2213,6 +2213,7 @@ class Controller:
             overrunning_calls=self._deadlines.overruns,
             stall_threshold=self._options.stall_threshold,
             failure=self._failure,
+            brokers_down_for=self._poller.statistics().brokers_down_for,
         )
 
     # -- control and close --------------------------------------------------------------------
