@@ -56,6 +56,40 @@ def test_long_messages_are_cut() -> None:
     assert info.error_message.endswith("...")
 
 
+def _raised(error: BaseException) -> BaseException:
+    def parse_order() -> None:
+        raise error
+
+    try:
+        parse_order()
+    except BaseException as caught:
+        return caught
+    raise AssertionError("unreachable")
+
+
+def test_the_traceback_of_a_raised_error_travels_in_a_header() -> None:
+    info = dl.read_dead_letter(_headers(error=_raised(ValueError("bad order"))))
+    assert info is not None
+    assert info.error_stacktrace.startswith("Traceback (most recent call last):")
+    assert "in parse_order" in info.error_stacktrace
+    assert info.error_stacktrace.rstrip().endswith("ValueError: bad order")
+
+
+def test_a_long_traceback_keeps_its_end_within_the_limit() -> None:
+    # (repeated frames are folded by Python: a long message makes the traceback long)
+    info = dl.read_dead_letter(_headers(error=_raised(RuntimeError("deep " + "x" * 20_000))))
+    assert info is not None
+    assert len(info.error_stacktrace) == dl.ERROR_STACKTRACE_LIMIT
+    assert info.error_stacktrace.startswith("...")
+    assert info.error_stacktrace.rstrip().endswith("x" * 100)
+
+
+def test_an_error_never_raised_has_an_empty_traceback_header() -> None:
+    info = dl.read_dead_letter(_headers())
+    assert info is not None
+    assert info.error_stacktrace == ""
+
+
 def test_unknown_reason_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown dead-letter reason"):
         _headers(reason="because")
