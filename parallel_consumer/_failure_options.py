@@ -1,19 +1,16 @@
 """The failure-handling settings of :class:`~parallel_consumer.options.Options`: the
 exhaustion policy and the checks of ``max_retries``, ``on_retries_exhausted``,
 ``retries_exhausted_callback``, ``non_retryable`` and ``dead_letter_topic`` (kept apart so that
-options.py stays small). See docs/failure-handling.md."""
+options.py stays small; it takes the fields, not the Options, so that it depends on nothing
+but errors.py). See docs/failure-handling.md."""
 
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
 
 from parallel_consumer.errors import ConfigurationError, DeadLetter, Retry, Skip
 
-if TYPE_CHECKING:
-    from parallel_consumer.options import Options
-
-__all__ = ["OnExhausted", "checked_failure_settings", "dead_lettering"]
+__all__ = ["OnExhausted", "checked_failure_settings"]
 
 
 class OnExhausted(enum.Enum):
@@ -43,11 +40,17 @@ def _policy(value: object) -> OnExhausted:
 
 
 def checked_failure_settings(
-    options: Options,
+    *,
+    max_retries: object,
+    on_retries_exhausted: object,
+    retries_exhausted_callback: object,
+    non_retryable: object,
+    dead_letter_topic: object,
 ) -> tuple[OnExhausted, tuple[type[BaseException], ...]]:
-    """Check the failure-handling fields; returns ``on_retries_exhausted`` as an OnExhausted and
-    ``non_retryable`` as a tuple (a single class or a list is accepted too)."""
-    retries = options.max_retries
+    """Check the failure-handling fields of Options (passed as they were given); returns
+    ``on_retries_exhausted`` as an OnExhausted and ``non_retryable`` as a tuple (a single class
+    or a list is accepted too)."""
+    retries = max_retries
     if retries is not None and (
         not isinstance(retries, int) or isinstance(retries, bool) or retries < 0
     ):
@@ -55,14 +58,14 @@ def checked_failure_settings(
             f"Options.max_retries must be an int >= 0 (0: give up at the first failure) or "
             f"None (retry forever), got {retries!r}"
         )
-    policy = _policy(options.on_retries_exhausted)
-    callback = options.retries_exhausted_callback
+    policy = _policy(on_retries_exhausted)
+    callback = retries_exhausted_callback
     if callback is not None and not callable(callback):
         raise ConfigurationError(
             "Options.retries_exhausted_callback must be a callable taking (RecordContext, "
             f"exception), got {callback!r}"
         )
-    kinds: object = options.non_retryable
+    kinds: object = non_retryable
     if isinstance(kinds, type):
         kinds = (kinds,)
     if not isinstance(kinds, tuple | list | frozenset | set):
@@ -79,21 +82,10 @@ def checked_failure_settings(
                 f"Options.non_retryable lists {kind.__name__}, a control signal with its "
                 "own meaning (Retry retries, Skip skips, DeadLetter dead-letters); remove it"
             )
-    topic = options.dead_letter_topic
+    topic = dead_letter_topic
     if topic is not None and (not isinstance(topic, str) or not topic or topic.startswith("^")):
         raise ConfigurationError(
             "Options.dead_letter_topic must be a topic name (not a regex), or None for "
             f"'<topic>.dlq' per input topic, got {topic!r}"
         )
     return policy, tuple(kinds)
-
-
-def dead_lettering(options: Options) -> bool:
-    """See :attr:`Options.dead_lettering`."""
-    if options.dead_letter_topic is not None:
-        return True
-    if options.on_stall.name == "DEAD_LETTER":  # StallPolicy (options.py imports this module)
-        return True
-    return options.on_retries_exhausted is OnExhausted.DEAD_LETTER and (
-        options.max_retries is not None or bool(options.non_retryable)
-    )

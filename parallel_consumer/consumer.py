@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -23,22 +21,23 @@ from confluent_kafka.admin import AdminClient
 
 from parallel_consumer._clock import Clock, SystemClock
 from parallel_consumer._signals import StopSignals
+from parallel_consumer.client_config import checked_consumer_config, checked_producer_config
 from parallel_consumer.context import PollContext
 from parallel_consumer.engine.closing import FINAL_COMMIT_TIMEOUT, STOP_TIMEOUT
 from parallel_consumer.engine.controller import Controller
-from parallel_consumer.engine.letters import DeadLetters, dead_letter_topics, prepare_topics
+from parallel_consumer.engine.letters import DeadLetters
 from parallel_consumer.errors import ConfigurationError, ParallelConsumerError
 from parallel_consumer.health import HealthReport
 from parallel_consumer.hooks import Hooks, guarded
 from parallel_consumer.kafka.committers import Committer, ConsumerCommitter, TransactionalCommitter
+from parallel_consumer.kafka.dead_letter_topics import dead_letter_topics, prepare_topics
 from parallel_consumer.kafka.poller import Poller, RebalanceCallback
 from parallel_consumer.kafka.producer import Outputs
 from parallel_consumer.options import Options, RunnerKind
 from parallel_consumer.produce import ProduceResult
-from parallel_consumer.runners.asyncio_loop import AsyncioRunner
-from parallel_consumer.runners.base import Runner, check_signature, handler_kind
-from parallel_consumer.runners.processes import ProcessRunner, pickled_handler
-from parallel_consumer.runners.threads import ThreadRunner
+from parallel_consumer.runners.base import Runner, check_signature
+from parallel_consumer.runners.choice import make_runner, runner_kind_for
+from parallel_consumer.runners.processes import pickled_handler
 from parallel_consumer.serialization import Codecs, deserializing
 from parallel_consumer.status import Lifecycle, Statistics
 
@@ -52,98 +51,8 @@ log = logging.getLogger("parallel_consumer")
 F = TypeVar("F", bound=Callable[[PollContext], object])
 OnProduced = Callable[[ProduceResult], object]
 
-#: Producer settings the library relies on: delivery reports for every output.
-_RESERVED_PRODUCER_SETTINGS = ("on_delivery", "delivery.report.only.error", "dr_cb", "dr_msg_cb")
-
-#: The consumer's ``fetch.queue.backoff.ms`` unless ``consumer_config`` sets it (see
-#: ``_checked_config``).
-FETCH_QUEUE_BACKOFF_MS = 20
-
 _instances = itertools.count(1)
 _REQUEST_TIMEOUT = 10.0
-
-
-def _checked_config(config: object) -> dict[str, Any]:
-    if not isinstance(config, Mapping):
-        raise ConfigurationError(
-            f"consumer_config must be a dict of librdkafka settings, got {type(config).__name__}"
-        )
-    result = dict(config)
-    group = result.get("group.id")
-    if not isinstance(group, str) or not group:
-        raise ConfigurationError(
-            "consumer_config needs 'group.id': committed offsets and offset maps belong to a "
-            "consumer group"
-        )
-    if not result.get("bootstrap.servers"):
-        raise ConfigurationError("consumer_config needs 'bootstrap.servers' (host:port[,...])")
-    auto_commit = result.get("enable.auto.commit", False)
-    if str(auto_commit).strip().lower() not in ("false", "0"):
-        raise ConfigurationError(
-            "consumer_config sets 'enable.auto.commit' to true: ParallelConsumer commits offsets "
-            "itself (with the map of finished records), so remove it or set it to False"
-        )
-    if "on_commit" in result:
-        raise ConfigurationError(
-            "consumer_config sets 'on_commit': ParallelConsumer needs that callback to know "
-            "when commits are acknowledged; read commit counts from statistics() instead"
-        )
-    result["enable.auto.commit"] = False
-    # The engine stops reading while its buffer is full (back-pressure). librdkafka then finds
-    # its prefetch queue over its thresholds and by default waits a whole second before it
-    # fetches again (fetch.queue.backoff.ms=1000): the records stop for up to a second each
-    # time the buffer fills. A short backoff keeps them coming; a user's setting wins.
-    result.setdefault("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS)
-    return result
-
-
-def _checked_producer_config(
-    config: Mapping[str, Any] | None, consumer_config: Mapping[str, Any], options: Options
-) -> dict[str, Any]:
-    """The producer's settings: ``bootstrap.servers`` from the consumer's unless given,
-    idempotence on unless turned off, and, in the transactional mode, a ``transactional.id``
-    derived per instance from the given prefix."""
-    result = dict(config or {})
-    for name in _RESERVED_PRODUCER_SETTINGS:
-        if name in result:
-            raise ConfigurationError(
-                f"producer_config sets {name!r}: the library needs a delivery report for every "
-                "output; use poll_and_produce(on_produced=...) to see them"
-            )
-    result.setdefault("bootstrap.servers", consumer_config["bootstrap.servers"])
-    result.setdefault("enable.idempotence", True)
-    prefix = result.get("transactional.id")
-    if options.transactional:
-        if not isinstance(prefix, str) or not prefix:
-            raise ConfigurationError(
-                "CommitMode.PERIODIC_TRANSACTIONAL_PRODUCER needs producer_config="
-                "{'transactional.id': '<prefix>'}: each instance derives its own id from it "
-                "(see docs/exactly-once.md)"
-            )
-        result["transactional.id"] = _transactional_id(prefix, consumer_config)
-        # A transaction stays open for commit_interval; if its instance dies, the broker
-        # aborts it after this long (read_committed readers wait for it until then).
-        result.setdefault("transaction.timeout.ms", 10_000)
-    elif prefix is not None:
-        raise ConfigurationError(
-            "producer_config sets 'transactional.id', which only "
-            "CommitMode.PERIODIC_TRANSACTIONAL_PRODUCER uses; remove it or choose that mode"
-        )
-    return result
-
-
-def _transactional_id(prefix: str, consumer_config: Mapping[str, Any]) -> str:
-    """``<prefix>-<group.instance.id>`` when the consumer has a static identity: stable across
-    restarts, so a restarted instance aborts its predecessor's open transaction at once.
-    Otherwise ``<prefix>-<host>-<pid>-<n>``: unique, and zombies are still fenced through the
-    consumer group's generation (KIP-447)."""
-    instance = consumer_config.get("group.instance.id")
-    if isinstance(instance, str) and instance:
-        return f"{prefix}-{instance}"
-    return f"{prefix}-{socket.gethostname()}-{os.getpid()}-{next(_transactional_ids)}"
-
-
-_transactional_ids = itertools.count(1)
 
 
 def _telemetry(given: Telemetry | bool | None) -> Telemetry | None:
@@ -201,7 +110,7 @@ class ParallelConsumer:
             raise ConfigurationError(f"options must be an Options instance, got {options!r}")
         if producer_config is not None and not isinstance(producer_config, Mapping):
             raise ConfigurationError("producer_config must be a dict of librdkafka settings")
-        config = _checked_config(consumer_config)
+        config = checked_consumer_config(consumer_config)
         telemetry = _telemetry(telemetry)
         self._telemetry = telemetry
         if telemetry is not None:
@@ -215,7 +124,7 @@ class ParallelConsumer:
         safe_hooks = guarded(hooks)
         self._hooks = safe_hooks
         self._options = options
-        self._producer_config = _checked_producer_config(producer_config, config, options)
+        self._producer_config = checked_producer_config(producer_config, config, options)
         self._producer_factory = producer_factory or Producer
         self._admin_factory = admin_factory or AdminClient
         self._group = str(config["group.id"])
@@ -252,64 +161,7 @@ class ParallelConsumer:
         )
 
     def _make_runner(self, kind: RunnerKind) -> Runner:
-        options = self._options
-        if kind is RunnerKind.ASYNCIO:
-            return AsyncioRunner(
-                options.max_concurrency,
-                self._clock,
-                name=self._name,
-                hooks=self._hooks,
-                loop_factory=options.loop_factory,
-            )
-        if kind is RunnerKind.PROCESS:
-            assert options.processes is not None
-            return ProcessRunner(
-                options.processes,
-                self._clock,
-                name=self._name,
-                hooks=self._hooks,
-                call_timeout=options.processing_timeout,
-            )
-        return ThreadRunner(
-            options.max_concurrency, self._clock, name=self._name, hooks=self._hooks
-        )
-
-    def _runner_kind_for(self, handler: Callable[..., object]) -> RunnerKind:
-        """The runner ``handler`` needs, or a ConfigurationError if ``Options.runner`` says
-        otherwise."""
-        found = handler_kind(handler)
-        if found == "async-generator":
-            raise ConfigurationError(
-                f"{handler!r} is an async generator function (an async def containing "
-                "'yield'): calling it runs nothing until it is iterated, so its records would "
-                "never be processed. A handler returns (or, async def, awaits and returns) "
-                "its result: remove the yield"
-            )
-        is_async = found == "async"
-        kind = self._options.runner
-        if not is_async and self._options.loop_factory is not None:
-            raise ConfigurationError(
-                f"Options.loop_factory is set, but {handler!r} is a plain function: it runs on "
-                "worker threads, not on an event loop. Make the handler async def, or remove "
-                "loop_factory"
-            )
-        if kind is None:
-            return RunnerKind.ASYNCIO if is_async else RunnerKind.THREADS
-        if is_async and kind is not RunnerKind.ASYNCIO:
-            raise ConfigurationError(
-                f"{handler!r} is an async def handler but Options.runner={kind.value!r}: "
-                "async handlers run on the asyncio runner (leave Options.runner unset, or set "
-                "runner='asyncio'), or make the handler a plain function"
-            )
-        if not is_async and kind is RunnerKind.ASYNCIO:
-            raise ConfigurationError(
-                f"Options.runner='asyncio' runs async def handlers, and {handler!r} is a plain "
-                "function: on the event loop it would block every other call. Make it "
-                "async def, or use runner='threads' (or 'process' for CPU-bound work)"
-            )
-        if kind is RunnerKind.PROCESS:
-            pickled_handler(handler)
-        return kind
+        return make_runner(kind, self._options, self._clock, name=self._name, hooks=self._hooks)
 
     def _post(self, event: Any) -> None:
         self._controller.post(event)
@@ -407,7 +259,7 @@ class ParallelConsumer:
             raise ConfigurationError(f"call subscribe() before registering a handler with {via}()")
         if self.lifecycle is not Lifecycle.NEW:
             raise ConfigurationError(f"cannot register a handler when {self.lifecycle.name}")
-        kind = self._runner_kind_for(handler)
+        kind = runner_kind_for(handler, self._options)
         runner = None
         if kind is not (self._options.runner or RunnerKind.THREADS):
             runner = self._make_runner(kind)  # an async def handler picked the asyncio runner

@@ -13,15 +13,20 @@ again from zero) and gains the ``pc.redrive.*`` audit headers.
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+
+from parallel_consumer.errors import DeadLetter
 
 __all__ = [
     "ATTEMPTS",
     "DLQ_PREFIX",
     "ERROR_MESSAGE",
     "ERROR_MESSAGE_LIMIT",
+    "ERROR_STACKTRACE",
+    "ERROR_STACKTRACE_LIMIT",
     "ERROR_TYPE",
     "FIRST_FAILURE_AT",
     "GROUP",
@@ -57,6 +62,10 @@ ERROR_TYPE = "pc.dlq.error.type"
 #: ``str()`` of the last error, cut to :data:`ERROR_MESSAGE_LIMIT` characters (its type's
 #: qualified name when ``str()`` raises).
 ERROR_MESSAGE = "pc.dlq.error.message"
+#: The last error's traceback as Python prints it (the innermost frames, cut to
+#: :data:`ERROR_STACKTRACE_LIMIT` characters from the start); empty when it has none (an error
+#: that crossed a process boundary, or one never raised).
+ERROR_STACKTRACE = "pc.dlq.error.stacktrace"
 FIRST_FAILURE_AT = "pc.dlq.first.failure.at"
 LAST_FAILURE_AT = "pc.dlq.last.failure.at"
 #: The consumer group that gave up on the record.
@@ -76,6 +85,9 @@ REDRIVE_COUNT = "pc.redrive.count"
 
 #: Error messages longer than this are cut (with a trailing "...").
 ERROR_MESSAGE_LIMIT = 1000
+#: Tracebacks longer than this keep their end (the frames nearest the error and the error line),
+#: after a leading "...": a dead letter stays well under a broker's message size limit.
+ERROR_STACKTRACE_LIMIT = 8000
 
 
 class Reason:
@@ -118,10 +130,29 @@ def _parse_time(text: str) -> datetime | None:
         return None
 
 
+def _timestamp(millis: int | None) -> str:
+    """A record's timestamp as header text; empty when it has none (None, or Kafka's -1)."""
+    return format_time(millis / 1000) if millis is not None and millis >= 0 else ""
+
+
 def _cut(text: str) -> str:
     if len(text) <= ERROR_MESSAGE_LIMIT:
         return text
     return text[: ERROR_MESSAGE_LIMIT - 3] + "..."
+
+
+def _stacktrace(error: BaseException) -> str:
+    """``error``'s traceback (with its causes) as Python prints it, its end kept within
+    :data:`ERROR_STACKTRACE_LIMIT`; empty when it was never raised here."""
+    if error.__traceback__ is None:
+        return ""
+    try:
+        text = "".join(traceback.format_exception(error))
+    except BaseException:  # an odd __str__ inside the chain must not stop the write
+        return ""
+    if len(text) <= ERROR_STACKTRACE_LIMIT:
+        return text
+    return "..." + text[-(ERROR_STACKTRACE_LIMIT - 3) :]
 
 
 def _type_name(error: BaseException) -> str:
@@ -158,18 +189,29 @@ def dead_letter_headers(
     original_headers: Sequence[Header] | None = None,
 ) -> list[Header]:
     """The headers of a dead-lettered record: its own headers (any stale ``pc.dlq.*`` from an
-    earlier dead-lettering dropped) followed by the ``pc.dlq.*`` ones."""
+    earlier dead-lettering dropped) followed by the ``pc.dlq.*`` ones. The one builder of them,
+    for the engine and the Spark runner alike.
+
+    ``timestamp_ms`` is the record's timestamp in milliseconds since the epoch: None, or
+    Kafka's -1 (any negative value), when it has none, which leaves :data:`ORIGINAL_TIMESTAMP`
+    empty; 0 is the epoch itself, a timestamp like any other. ``error`` is the record's last
+    error; for ``raise DeadLetter(...) from exc`` (or ``DeadLetter(cause=exc)``) the headers
+    name ``exc``, else the error itself.
+    """
     if reason not in Reason.ALL:
         raise ValueError(f"unknown dead-letter reason {reason!r}; expected one of {Reason.ALL}")
+    if isinstance(error, DeadLetter) and error.__cause__ is not None:
+        error = error.__cause__
     kept = [(k, v) for k, v in (original_headers or ()) if not k.startswith(DLQ_PREFIX)]
     ours: list[tuple[str, str]] = [
         (ORIGINAL_TOPIC, topic),
         (ORIGINAL_PARTITION, str(partition)),
         (ORIGINAL_OFFSET, str(offset)),
-        (ORIGINAL_TIMESTAMP, format_time(timestamp_ms / 1000) if timestamp_ms else ""),
+        (ORIGINAL_TIMESTAMP, _timestamp(timestamp_ms)),
         (ATTEMPTS, str(attempts)),
         (ERROR_TYPE, _type_name(error) if error is not None else ""),
         (ERROR_MESSAGE, _cut(_message(error)) if error is not None else ""),
+        (ERROR_STACKTRACE, _stacktrace(error) if error is not None else ""),
         (FIRST_FAILURE_AT, format_time(first_failure_at)),
         (LAST_FAILURE_AT, format_time(last_failure_at)),
         (GROUP, group),
@@ -198,6 +240,8 @@ class DeadLetterInfo:
     reason: str
     trace_id: str | None
     redrive_count: int
+    #: The last error's traceback (:data:`ERROR_STACKTRACE`), empty when none was recorded.
+    error_stacktrace: str = ""
 
 
 def _as_map(headers: Iterable[tuple[str, bytes | str | None]] | None) -> Mapping[str, str]:
@@ -236,6 +280,7 @@ def read_dead_letter(
         attempts=_int(found.get(ATTEMPTS), 0),
         error_type=found.get(ERROR_TYPE, ""),
         error_message=found.get(ERROR_MESSAGE, ""),
+        error_stacktrace=found.get(ERROR_STACKTRACE, ""),
         first_failure_at=_parse_time(found.get(FIRST_FAILURE_AT, "")),
         last_failure_at=_parse_time(found.get(LAST_FAILURE_AT, "")),
         group=found.get(GROUP, ""),

@@ -17,7 +17,12 @@ from parallel_consumer.work.partitions import PartitionState
 from parallel_consumer.work.progress import ProgressWatch, Stall
 from parallel_consumer.work.runs import Run
 
-__all__ = ["HealthReport", "PartitionHealth", "PartitionStall"]
+__all__ = ["BROKERS_DOWN_UNHEALTHY_AFTER", "HealthReport", "PartitionHealth", "PartitionStall"]
+
+#: Seconds every broker may be down or unreachable (as the Kafka client reports it) before
+#: ``health()`` is unhealthy: long enough for a broker restart or a leader election, short
+#: enough for a liveness probe to notice a consumer that cannot reach Kafka at all.
+BROKERS_DOWN_UNHEALTHY_AFTER = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +94,9 @@ class HealthReport:
     reasons: tuple[str, ...]
     #: The failure that stopped the consumer, as text (None while it has not failed).
     failure: str | None = None
+    #: Seconds since the Kafka client reported every broker down or unreachable (None while
+    #: one answers); unhealthy from ``BROKERS_DOWN_UNHEALTHY_AFTER`` on.
+    brokers_down_for: float | None = None
 
 
 def partition_health(
@@ -168,11 +176,17 @@ def health_report(
     overrunning_calls: int,
     stall_threshold: float | None,
     failure: BaseException | None,
+    brokers_down_for: float | None = None,
 ) -> HealthReport:
     """Assemble a report and say why it is unhealthy (pure)."""
     reasons = []
     if failure is not None:
         reasons.append(f"failed: {failure}")
+    if brokers_down_for is not None and brokers_down_for >= BROKERS_DOWN_UNHEALTHY_AFTER:
+        reasons.append(
+            f"every Kafka broker down or unreachable for {brokers_down_for:.1f}s (see the "
+            "WARNING logged when it started)"
+        )
     if lifecycle in (Lifecycle.CLOSING, Lifecycle.CLOSED):
         reasons.append(f"lifecycle is {lifecycle.name}")
     stalled = tuple((p.topic, p.partition) for p in partitions if p.stalled)
@@ -197,4 +211,5 @@ def health_report(
         stall_threshold=stall_threshold,
         reasons=tuple(reasons),
         failure=None if failure is None else repr(failure),
+        brokers_down_for=brokers_down_for,
     )

@@ -13,11 +13,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from parallel_consumer._failure_options import (
-    OnExhausted,
-    checked_failure_settings,
-    dead_lettering,
-)
+from parallel_consumer._failure_options import OnExhausted, checked_failure_settings
 from parallel_consumer.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -314,7 +310,13 @@ class Options:
                     f"Options.{codec} must be a callable (data, SerializationContext) -> object, "
                     f"such as confluent_kafka.serialization.StringDeserializer(); got {value!r}"
                 )
-        policy, non_retryable = checked_failure_settings(self)
+        policy, non_retryable = checked_failure_settings(
+            max_retries=self.max_retries,
+            on_retries_exhausted=self.on_retries_exhausted,
+            retries_exhausted_callback=self.retries_exhausted_callback,
+            non_retryable=self.non_retryable,
+            dead_letter_topic=self.dead_letter_topic,
+        )
         setattr_(self, "on_retries_exhausted", policy)
         setattr_(self, "non_retryable", non_retryable)
         in_flight = self.max_concurrency * self.batch_size
@@ -342,7 +344,11 @@ class Options:
         ``on_retries_exhausted`` is DEAD_LETTER and retries can be exhausted (``max_retries``
         or ``non_retryable`` set), or ``on_stall`` is DEAD_LETTER. Then the library's producer
         is created and the dead-letter topics are checked (or created) at start."""
-        return dead_lettering(self)
+        if self.dead_letter_topic is not None or self.on_stall is StallPolicy.DEAD_LETTER:
+            return True
+        return self.on_retries_exhausted is OnExhausted.DEAD_LETTER and (
+            self.max_retries is not None or bool(self.non_retryable)
+        )
 
     @property
     def commit_every(self) -> float:

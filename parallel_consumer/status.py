@@ -59,6 +59,9 @@ class PollerStatistics:
     commit_unanswered_for: float | None = None
     #: Commits waiting for that answer before they go out (as one request).
     commits_queued: int = 0
+    #: Seconds since the Kafka client reported every broker down or unreachable (None while
+    #: one answers). ``health()`` is unhealthy once it passes ``BROKERS_DOWN_UNHEALTHY_AFTER``.
+    brokers_down_for: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from parallel_consumer.bench.model import DataSet
-from parallel_consumer.consumer import FETCH_QUEUE_BACKOFF_MS
+from parallel_consumer.client_config import FETCH_QUEUE_BACKOFF_MS
 from parallel_consumer.testing import create_topic
 
 __all__ = [

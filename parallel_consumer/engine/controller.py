@@ -625,6 +625,7 @@ class Controller:
             overrunning_calls=self.dispatch.deadlines.overruns,
             stall_threshold=self._options.stall_threshold,
             failure=self._failure,
+            brokers_down_for=self._poller.statistics().brokers_down_for,
         )
 
     def statistics(self) -> Statistics:

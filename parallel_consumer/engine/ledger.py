@@ -37,6 +37,7 @@ from parallel_consumer.work.outcomes import (
     RetryAt,
     SkipNow,
     StopNow,
+    counts_as_attempt,
     decide,
 )
 from parallel_consumer.work.partitions import PartitionState, RecordTotals, restored_state
@@ -290,9 +291,7 @@ class Ledger:
 
     def failed(self, item: WorkItem, error: BaseException, finished_at: float) -> None:
         """``item``'s call failed with ``error``: retry it, or give up on it (``decide``)."""
-        if isinstance(error, Skip) or (
-            isinstance(error, DeadLetter) and self._options.dead_lettering
-        ):
+        if not counts_as_attempt(error, self._options):
             # The handler decided: not a failed attempt (the dead letter's attempt count and
             # the record's history stay as they were).
             self._give_up(item, error, decide(error, context_of(item), finished_at, self._options))

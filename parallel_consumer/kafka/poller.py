@@ -16,12 +16,8 @@ Commits carry the assignment epoch they were planned in. One whose partition was
 revoked and assigned again) before it is sent never reaches the client: a commit queued before a
 revoke must not land after the revoke's final commit and move the group's offset back.
 
-One commit request at a time: the client retries a request whose coordinator moved or restarted,
-and a retried older request can be stored after a newer one, moving the group's offset back
-while the engine holds the newer one as acknowledged. So commits that arrive while a request is
-unanswered wait, and go out as one request (the newest offset of each partition) once it is
-answered. The only exception is the revoke's final commit, inside the revoke callback, where the
-client cannot serve an answer: it is sent at once (docs/commits.md).
+One commit request at a time, queued commits merged, late answers: decided by
+``kafka/commit_requests.py``, carried out on the client by ``kafka/client_offsets.py``.
 """
 
 from __future__ import annotations
@@ -30,8 +26,7 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -55,12 +50,15 @@ from parallel_consumer._events import (
     StopPoller,
     Transact,
 )
-from parallel_consumer.errors import InternalError
+from parallel_consumer.kafka import client_offsets
+from parallel_consumer.kafka.assigned import AssignedPartitions, Batches
+from parallel_consumer.kafka.client_log import ClientLog
+from parallel_consumer.kafka.client_offsets import CommitClient
+from parallel_consumer.kafka.client_pauses import ClientPauses
 from parallel_consumer.kafka.committed_reader import CommittedReader
-from parallel_consumer.kafka.producer import Outputs, TransactionOutcome
-from parallel_consumer.offsets import read_committed_metadata
+from parallel_consumer.kafka.producer import Outputs
+from parallel_consumer.kafka.transactions import Transactions
 from parallel_consumer.status import PollerStatistics
-from parallel_consumer.work.commit_tracker import CommitAnswer, OffsetCommit
 from parallel_consumer.work.credit import Credit
 from parallel_consumer.work.item import TopicPartition
 
@@ -69,6 +67,9 @@ __all__ = ["Poller", "RebalanceCallback"]
 log = logging.getLogger("parallel_consumer")
 
 RebalanceCallback = Callable[[Any, list[Any]], object]
+#: What the poller publishes for other threads (see Poller.statistics): held, assigned,
+#: paused, last poll, stalled since, commit sent at, commits queued, all brokers down since.
+_Snapshot = tuple[int, int, int, float | None, float | None, float | None, int, float | None]
 
 #: How long one consume() blocks when nothing arrives: bounds the latency of commands. A
 #: command cannot wake a consume() in progress, so this is also how long a commit may wait
@@ -95,21 +96,6 @@ REQUEST_TIMEOUT = 10.0
 #: answers every request (within its own time-outs and retries); this only bounds a wait for an
 #: answer that can no longer be matched to its request.
 COMMIT_ANSWER_TIMEOUT = 5.0
-#: Requests given up on whose late answer is still watched for (see _on_commit).
-GIVEN_UP_KEPT = 16
-
-_MAP_TOO_LARGE = (
-    "the offset map is larger than the broker's offset.metadata.max.bytes; set "
-    "Options(max_metadata_bytes=...) to at most that value"
-)
-#: Commit errors that fail again however often they are retried.
-_PERMANENT_COMMIT_ERRORS = {
-    KafkaError.OFFSET_METADATA_TOO_LARGE: _MAP_TOO_LARGE,
-    KafkaError.INVALID_COMMIT_OFFSET_SIZE: _MAP_TOO_LARGE,
-    KafkaError.TOPIC_AUTHORIZATION_FAILED: "the consumer may not commit for this topic",
-    KafkaError.GROUP_AUTHORIZATION_FAILED: "the consumer may not commit for this group",
-    KafkaError.INVALID_GROUP_ID: "the group.id is not valid",
-}
 
 
 class Poller:
@@ -126,15 +112,24 @@ class Poller:
         fetch_batch: int,
         name: str = "pc",
     ) -> None:
+        #: Epochs and what was handed over per partition; records held back beyond the credit.
+        self._assigned = AssignedPartitions()
+        #: The client's log lines and errors, and whether all brokers are down.
+        self._client_log = ClientLog(f"{name} consumer", str(config.get("bootstrap.servers")))
         # Built on the caller's thread so that configuration errors surface at construction;
         # from start() on only the poller thread touches it.
-        self._consumer = consumer_factory({**config, "on_commit": self._on_commit})
+        self._consumer = consumer_factory(
+            self._client_log.configure({**config, "on_commit": self._on_commit})
+        )
+        #: One commit request at a time, decided and carried out on the client.
+        self._commits = CommitClient(self._consumer, self._assigned)
         #: Reads committed metadata with its exact length (``kafka/committed_reader.py``),
         #: through a handle of its own made from the same configuration: only for a real client.
         self._exact_reader = (
             CommittedReader(config, name=name) if isinstance(self._consumer, Consumer) else None
         )
         self._subscription: list[str] = []
+        self._probe_topic: str | None = None
         self._post = post
         self._fetch_batch = fetch_batch
         self._user_on_assign: RebalanceCallback | None = None
@@ -143,48 +138,20 @@ class Poller:
         self._thread = threading.Thread(target=self._run, name=f"{name}-poller", daemon=True)
         # Owned by the poller thread:
         self._credit = Credit(limit, fetch_batch)
-        self._epochs: dict[TopicPartition, int] = {}
-        self._next_epoch = 0
-        self._wanted_paused: frozenset[TopicPartition] = frozenset()
-        self._paused: set[TopicPartition] = set()
-        #: Per partition: the client position last reported, and one past the last delivered offset.
-        self._positions: dict[TopicPartition, int] = {}
+        #: Which partitions the client should have paused; the wait for credit.
+        self._pauses = ClientPauses()
         #: Until when consume() waits only BUSY_POLL_TIMEOUT (records came or left recently).
         self._busy_until = 0.0
         #: When the positions are next read after a consume() that returned nothing.
         self._next_positions = 0.0
-        self._delivered_to: dict[TopicPartition, int] = {}
-        #: Since when the poller has been waiting for credit (None while it has enough).
-        self._stalled_since: float | None = None
-        #: The asynchronous commit request sent and not yet answered by the client's callback.
-        self._unanswered: _Unanswered | None = None
-        #: Commits that arrived while it was unanswered, in arrival order (see the module doc).
-        self._queued: list[Commit] = []
-        #: Requests given up on (no answer in time) that the client may still store.
-        self._given_up: deque[_Unanswered] = deque(maxlen=GIVEN_UP_KEPT)
-        #: The newest offset sent per partition (what a late older request must not undo).
-        self._last_sent: dict[TopicPartition, OffsetCommit] = {}
         self._last_poll: float | None = None
-        #: Records the client delivered beyond the credit (see _hand_over), in order.
-        self._overflow: deque[Any] = deque()
         self._stopping = False
-        #: The producer whose transactions this poller runs (transactional mode only).
-        self._outputs: Outputs | None = None
+        #: Runs the transactions of the library's producer (transactional mode only).
+        self._transactions: Transactions | None = None
         #: Partitions being revoked right now (inside the revoke callback).
         self._revoking: frozenset[TopicPartition] = frozenset()
-        #: Per partition: the first offset the client delivered in this assignment (where a
-        #: rewind goes when nothing was committed yet).
-        self._first_seen: dict[TopicPartition, int] = {}
         #: The latest snapshot for other threads: replaced whole, never changed in place.
-        self._published: tuple[int, int, int, float | None, float | None, float | None, int] = (
-            0,
-            0,
-            0,
-            None,
-            None,
-            None,
-            0,
-        )
+        self._published: _Snapshot = (0, 0, 0, None, None, None, 0, None)
 
     # -- called from other threads ------------------------------------------------------------
 
@@ -196,12 +163,16 @@ class Poller:
     ) -> None:
         """Set what to subscribe to once started (before :meth:`start`)."""
         self._subscription = topics
+        #: What a probe for a broker asks metadata of (see ClientLog.probe): one topic, not all.
+        self._probe_topic = next((t for t in topics if not t.startswith("^")), None)
         self._user_on_assign = on_assign
         self._user_on_revoke = on_revoke
 
     def run_transactions(self, outputs: Outputs) -> None:
         """Run the transactions of ``outputs`` (before :meth:`start`)."""
-        self._outputs = outputs
+        self._transactions = Transactions(
+            outputs, self._consumer, self._assigned, self._post, request_timeout=REQUEST_TIMEOUT
+        )
 
     def start(self) -> None:
         self._thread.start()
@@ -223,7 +194,9 @@ class Poller:
 
     def statistics(self) -> PollerStatistics:
         """A snapshot of the poller's side (any thread): what it published last."""
-        held, assigned, paused, last_poll, stalled_since, commit_sent, queued = self._published
+        held, assigned, paused, last_poll, stalled_since, commit_sent, queued, down_since = (
+            self._published
+        )
         now = time.monotonic()
         limit = self._credit.limit
         return PollerStatistics(
@@ -236,6 +209,7 @@ class Poller:
             waiting_for_credit=None if stalled_since is None else now - stalled_since,
             commit_unanswered_for=None if commit_sent is None else now - commit_sent,
             commits_queued=queued,
+            brokers_down_for=None if down_since is None else now - down_since,
         )
 
     # -- the poller thread --------------------------------------------------------------------
@@ -251,17 +225,19 @@ class Poller:
     def _publish(self) -> None:
         self._published = (
             self._credit.held,
-            len(self._epochs),
-            len(self._paused),
+            len(self._assigned.epochs),
+            len(self._pauses.paused),
             self._last_poll,
-            self._stalled_since,
-            None if self._unanswered is None else self._unanswered.sent_at,
-            len(self._queued),
+            self._pauses.stalled_since,
+            None if (sent := self._commits.requests.unanswered) is None else sent.sent_at,
+            self._commits.requests.queued,
+            self._client_log.down_since,
         )
 
     def _run(self) -> None:
         consumer = self._consumer
         credit = self._credit
+        assigned = self._assigned
         try:
             consumer.subscribe(
                 self._subscription,
@@ -272,19 +248,18 @@ class Poller:
             while not self._stopping:
                 self._run_commands()
                 self._send_queued()
-                if self._overflow:
-                    self._release_overflow()
+                if assigned.overflow:
+                    self._post_batches(*assigned.release(credit.available))
                 self._publish()
                 if self._stopping:
                     break
-                if (self._overflow or not credit.can_fetch()) and self._wait_for_credit():
+                if (assigned.overflow or not credit.can_fetch()) and self._wait_for_credit():
                     continue
                 self._apply_pauses()
+                self._client_log.probe(consumer, self._probe_topic)
                 self._last_poll = time.monotonic()
-                busy = (
-                    self._unanswered is not None
-                    or self._queued
-                    or (credit.held and self._last_poll < self._busy_until)
+                busy = self._commits.requests.waiting or (
+                    credit.held and self._last_poll < self._busy_until
                 )
                 messages = consumer.consume(
                     num_messages=max(1, min(self._fetch_batch, credit.available)),
@@ -292,6 +267,7 @@ class Poller:
                 )
                 if messages:
                     self._busy_until = self._last_poll + BUSY_FOR
+                    self._client_log.reachable()
                     self._hand_over(messages)
                     self._report_positions()
                 elif self._last_poll >= self._next_positions:
@@ -304,7 +280,7 @@ class Poller:
             self._post(PollerFailed(exc))
         finally:
             self._stopping = True
-            self._answer_unanswered("the consumer closed before the commit was answered")
+            self._commits.close("the consumer closed before the commit was answered")
             self._publish()
             try:
                 consumer.close()
@@ -318,10 +294,7 @@ class Poller:
         so that it keeps what it prefetched (a pause would drop it). True if the caller should
         loop again; False once the wait has lasted STALL_PAUSE_AFTER, from when on every
         partition is paused and ``consume()`` serves the group protocol and callbacks."""
-        now = time.monotonic()
-        if self._stalled_since is None:
-            self._stalled_since = now
-        if now - self._stalled_since >= STALL_PAUSE_AFTER:
+        if not self._pauses.waiting(time.monotonic(), STALL_PAUSE_AFTER):
             return False
         try:
             command = self._commands.get(timeout=POLL_TIMEOUT)
@@ -346,119 +319,44 @@ class Poller:
             credit.give_back(command.count)
             self._busy_until = time.monotonic() + BUSY_FOR
             if credit.can_fetch():
-                self._stalled_since = None
+                self._pauses.credit_back()
         elif isinstance(command, Commit):
-            self._commit(command)
+            self._commits.commit(command, self._revoking)
         elif isinstance(command, Transact):
-            self._transact(command)
+            assert self._transactions is not None, "Transact needs run_transactions()"
+            self._transactions.transact(command, self._revoking)
         elif isinstance(command, SetPaused):
-            self._wanted_paused = command.tps
+            self._pauses.wanted = command.tps
         elif isinstance(command, StopPoller):
             self._stopping = True
 
     def _hand_over(self, messages: Sequence[Any]) -> None:
-        """Deliver what ``consume()`` returned, grouped by partition in one pass (the client
-        returns each partition's records together: the partition is looked up only where it
-        changes)."""
-        epochs = self._epochs
-        first_seen = self._first_seen
-        batches: dict[TopicPartition, tuple[int, list[Any]]] = {}
-        current: list[Any] | None = None
-        last_topic: str | None = None
-        last_partition = -1
-        count = 0
-        for message in messages:
-            error = message.error()
-            if error is not None:
-                self._client_error(error, message)
-                continue
-            partition = message.partition()
-            topic = message.topic()
-            if partition != last_partition or topic != last_topic:
-                last_partition, last_topic = partition, topic
-                tp = (topic, partition)
-                epoch = epochs.get(tp)
-                if epoch is None:
-                    current = None  # a straggler of a partition revoked during this consume()
-                    continue
-                batch = batches.get(tp)
-                if batch is None:
-                    batch = batches[tp] = (epoch, [])
-                    if tp not in first_seen:
-                        # (also for records held back in the overflow: a rewind must go back
-                        # to them when nothing was committed yet)
-                        first_seen[tp] = message.offset()
-                current = batch[1]
-            elif current is None:
-                continue
-            current.append(message)
-            count += 1
+        """Deliver what ``consume()`` returned (see AssignedPartitions.split and admit)."""
+        assigned = self._assigned
+        batches, count, errors = assigned.split(messages)
+        for error, message in errors:
+            self._client_error(error, message)
+        if count:
+            self._post_batches(*assigned.admit(batches, count, self._credit.available))
+
+    def _post_batches(self, batches: Batches, count: int) -> None:
         if not count:
             return
-        if self._overflow or count > self._credit.available:
-            # More than the credit allows: possible only from a partition assigned inside this
-            # consume(), before it could be paused. Keep them here, in order, until credit
-            # returns; the bound on records in the engine holds.
-            for _, held in batches.values():
-                self._overflow.extend(held)
-            self._release_overflow()
-        else:
-            self._post_batches(batches, count)
-
-    def _release_overflow(self) -> None:
-        overflow = self._overflow
-        count = min(len(overflow), self._credit.available)
-        if count:
-            self._deliver([overflow.popleft() for _ in range(count)])
-
-    def _deliver(self, messages: list[Any]) -> None:
-        batches: dict[TopicPartition, tuple[int, list[Any]]] = {}
-        epochs = self._epochs
-        for message in messages:
-            tp = (message.topic(), message.partition())
-            batch = batches.get(tp)
-            if batch is None:
-                batch = batches[tp] = (epochs[tp], [])
-            batch[1].append(message)
-        self._post_batches(batches, len(messages))
-
-    def _post_batches(
-        self, batches: dict[TopicPartition, tuple[int, list[Any]]], count: int
-    ) -> None:
-        delivered_to = self._delivered_to
-        for tp, (_, batch_messages) in batches.items():
-            delivered_to[tp] = batch_messages[-1].offset() + 1
+        self._assigned.handed_over(batches)
         self._credit.take(count)
         self._post(RecordsPolled(batches))
 
     def _report_positions(self) -> None:
-        """Tell the controller when the client has read past the last delivered record.
-
-        That happens only where the log ends with offsets that are not records (transaction
-        markers, aborted records): without it the group would show a lag of one forever.
-        """
-        if not self._epochs:
+        """Tell the controller when the client has read past the last delivered record (see
+        AssignedPartitions.reached)."""
+        epochs = self._assigned.epochs
+        if not epochs:
             return
-        request = [KafkaTopicPartition(t, p) for t, p in self._epochs]
-        # The client's position is past records still held back here: not a gap.
-        held_back = {(m.topic(), m.partition()) for m in self._overflow}
-        changed = []
-        for answer in self._consumer.position(request):
-            tp = (answer.topic, answer.partition)
-            offset = answer.offset
-            epoch = self._epochs.get(tp)
-            if (
-                epoch is None
-                or tp in held_back
-                or offset < 0
-                or offset <= self._delivered_to.get(tp, -1)
-                or offset == self._positions.get(tp)
-            ):
-                continue
-            self._positions[tp] = offset
-            changed.append((tp, epoch, offset))
+        request = [KafkaTopicPartition(t, p) for t, p in epochs]
+        answers = self._consumer.position(request)
+        changed = self._assigned.reached(((a.topic, a.partition), a.offset) for a in answers)
         if changed:
-            self._post(PositionsReached(tuple(changed)))
+            self._post(PositionsReached(changed))
 
     def _client_error(self, error: Any, message: Any) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
@@ -467,7 +365,7 @@ class Poller:
             raise KafkaException(error)
         tp = (message.topic(), message.partition())
         offset = message.offset()
-        if tp in self._epochs and offset is not None and offset >= 0:
+        if tp in self._assigned.epochs and offset is not None and offset >= 0:
             # A record the client cannot deliver (corrupt, too large, ...). Skipping it would
             # let a later commit pass it unprocessed: stop instead, and say where.
             self._post(RecordUnreadable(tp, offset, str(error)))
@@ -476,320 +374,59 @@ class Poller:
         log.warning("Kafka client reported: %s", error)
 
     def _apply_pauses(self) -> None:
-        assigned = self._epochs.keys()
-        if self._stalled_since is not None:
-            wanted = set(assigned)
-        else:
-            wanted = set(self._wanted_paused & assigned)
-        if wanted == self._paused:
-            return
-        to_pause = wanted - self._paused
-        to_resume = (self._paused - wanted) & assigned
+        to_pause, to_resume = self._pauses.changes(self._assigned.epochs.keys())
         if to_pause:
             self._consumer.pause([KafkaTopicPartition(t, p) for t, p in to_pause])
         if to_resume:
             self._consumer.resume([KafkaTopicPartition(t, p) for t, p in to_resume])
-        self._paused = set(wanted)
 
-    # -- commits ------------------------------------------------------------------------------
-
-    def _live(
-        self, offsets: Iterable[OffsetCommit]
-    ) -> tuple[list[OffsetCommit], list[CommitAnswer]]:
-        """The offsets of partitions held in the epoch they were planned in, and answers for
-        the others (never sent: a commit of an earlier epoch must not reach the client)."""
-        live: list[OffsetCommit] = []
-        dropped: list[CommitAnswer] = []
-        for commit in offsets:
-            if self._epochs.get(commit.tp) == commit.epoch:
-                live.append(commit)
-            else:
-                dropped.append(CommitAnswer(commit, "the partition is no longer assigned"))
-        return live, dropped
-
-    def _commit(self, command: Commit) -> None:
-        if self._unanswered is None:
-            queued, self._queued = self._queued, []
-            self._send((*queued, command))
-            return
-        revoking = self._revoking
-        if command.sync and revoking and all(c.tp in revoking for c in command.offsets):
-            # The revoke's final commit, inside the revoke callback: it cannot wait for an
-            # answer the client serves only in consume(). Alone: queued commits of partitions
-            # kept must stay behind the request on its way (docs/commits.md).
-            self._send((command,))
-            return
-        live, dropped = self._live(command.offsets)
-        if live:
-            self._queued.append(command)
-        else:
-            command.reply.set_result(tuple(dropped))
+    # -- commits (carried out by CommitClient) -----------------------------------------------
 
     def _send_queued(self) -> None:
         """Send the commits that waited, once the request before them is answered (or counts
         as lost)."""
-        pending = self._unanswered
-        if pending is not None:
-            if time.monotonic() - pending.sent_at < COMMIT_ANSWER_TIMEOUT:
-                return
-            log.warning(
-                "no answer to the commit of %s after %.0fs; sending what waited behind it",
-                ", ".join(f"{t}[{p}]@{c.offset}" for (t, p), c in pending.sent.items()),
-                COMMIT_ANSWER_TIMEOUT,
-            )
-            self._unanswered = None
-            self._given_up.append(pending)
-            pending.resolve({}, "the client did not answer the commit")
-        if self._queued:
-            queued, self._queued = self._queued, []
-            self._send(queued)
-
-    def _send(self, commands: Sequence[Commit]) -> None:
-        """One request with the newest offset of each partition in ``commands`` (in the order
-        the controller sent them), synchronous if any of them is. Every command is answered:
-        an offset another one superseded shares the answer of the offset sent for its
-        partition."""
-        newest: dict[TopicPartition, OffsetCommit] = {}
-        for command in commands:
-            for commit in command.offsets:
-                newest[commit.tp] = commit
-        live, dropped = self._live(newest.values())
-        request = _Unanswered(
-            tuple(commands), {c.tp: c for c in live}, {a.commit.tp: a for a in dropped}
-        )
-        if not live:
-            request.resolve({})
-            return
-        for commit in live:
-            self._last_sent[commit.tp] = commit
-        offsets = [_request(c) for c in live]
-        if any(c.sync for c in commands):
-            request.answer(self._commit_sync(live, offsets))
-            return
-        try:
-            self._consumer.commit(offsets=offsets, asynchronous=True)
-        except KafkaException as exc:
-            request.answer(_failed(live, exc))
-            return
-        assert self._unanswered is None, "only a synchronous commit may overtake one unanswered"
-        self._unanswered = request
-
-    def _commit_sync(
-        self, commits: list[OffsetCommit], request: list[Any]
-    ) -> tuple[CommitAnswer, ...]:
-        try:
-            answer = self._consumer.commit(offsets=request, asynchronous=False)
-        except KafkaException as exc:
-            log.warning("commit failed: %s", exc)
-            return _failed(commits, exc)
-        errors = {(r.topic, r.partition): r.error for r in answer or ()}
-        return tuple(_answer(c, errors.get(c.tp)) for c in commits)
-
-    def _transact(self, command: Transact) -> None:
-        """Commit the open transaction with these offsets (see :class:`Transact`)."""
-        outputs = self._outputs
-        assert outputs is not None, "Transact needs run_transactions()"
-        live, dropped = self._live(command.offsets)
-        if command.abort:
-            outcome, reason = outputs.abort(
-                "an output of the transaction was not sent, or partitions with outputs in it "
-                "were lost"
-            )
-        else:
-            request = [_request(c) for c in live]
-            metadata = self._consumer.consumer_group_metadata() if request else None
-            outcome, reason = outputs.transact(request, metadata)
-        if outcome is TransactionOutcome.COMMITTED:
-            command.reply.set_result((*dropped, *(CommitAnswer(c) for c in live)))
-            return
-        if outcome is TransactionOutcome.ABORTED:
-            # Outputs and offsets of the aborted transaction are gone, while the controller
-            # counts their records as finished: start every partition again from its committed
-            # offset (under a new epoch, so nothing of the old one is produced or committed).
-            self._rewind()
-            failure = f"transaction aborted ({reason}); processing again from the committed offset"
-            command.reply.set_result((*dropped, *(CommitAnswer(c, failure) for c in live)))
-            return
-        command.reply.set_result(
-            (*dropped, *(CommitAnswer(c, reason, permanent=True) for c in live))
-        )
-        if not live:
-            # Nothing to carry the failure to the controller: stop through the poller instead.
-            raise InternalError(reason)
-
-    def _rewind(self) -> None:
-        """After an abort: seek every partition kept (not being revoked) back to its committed
-        offset and post it as assigned again, under a new epoch. Partitions being revoked get a
-        new epoch too, without an assignment: offsets the controller planned for them before it
-        learnt of the abort (their records' outputs are gone) are then dropped, never
-        committed."""
-        self._next_epoch += 1
-        for tp in self._revoking:
-            if tp in self._epochs:
-                self._epochs[tp] = self._next_epoch
-        tps = [tp for tp in self._epochs if tp not in self._revoking]
-        if not tps:
-            return
-        request = [KafkaTopicPartition(t, p) for t, p in tps]
-        # Strict: a rewind to a guessed offset would produce outputs committed before again.
-        answer = self._consumer.committed(request, timeout=REQUEST_TIMEOUT)
-        committed = {
-            (r.topic, r.partition): (r.offset, read_committed_metadata(r))
-            for r in answer
-            if r.error is None and r.offset >= 0
-        }
-        epoch = self._next_epoch
-        gone = set(tps)
-        if self._overflow:
-            self._overflow = deque(
-                m for m in self._overflow if (m.topic(), m.partition()) not in gone
-            )
-        assignments = []
-        for tp in tps:
-            found = committed.get(tp)
-            offset = found[0] if found is not None else self._first_seen.get(tp)
-            self._epochs[tp] = epoch
-            self._positions.pop(tp, None)
-            self._delivered_to.pop(tp, None)
-            self._first_seen.pop(tp, None)
-            if offset is not None:
-                self._consumer.seek(KafkaTopicPartition(tp[0], tp[1], offset))
-            assignments.append(
-                Assignment(
-                    tp,
-                    epoch,
-                    None if found is None else found[0],
-                    None if found is None else found[1],
-                )
-            )
-        log.warning("rewound %s to the committed offsets", ", ".join(f"{t}[{p}]" for t, p in tps))
-        self._post(PartitionsAssigned(tuple(assignments)))
+        self._commits.turn(time.monotonic(), COMMIT_ANSWER_TIMEOUT)
 
     def _on_commit(self, error: Any, partitions: list[Any]) -> None:
-        """The client's ``on_commit`` callback (served inside ``consume()`` on this thread).
-
-        It does not say which request it answers: it answers the unanswered one if it has the
-        same partitions and offsets. Anything else is the echo of a synchronous commit (already
-        answered) or the late answer of a request given up on.
-        """
-        pending = self._unanswered
-        answered = {(p.topic, p.partition): p.offset for p in partitions}
-        if pending is None or {tp: c.offset for tp, c in pending.sent.items()} != answered:
-            self._late_answer(answered)
-            return
-        self._unanswered = None
-        pending.resolve({(p.topic, p.partition): p.error or error for p in partitions})
-
-    def _late_answer(self, answered: dict[TopicPartition, int]) -> None:
-        """The answer of a request given up on: it was stored now, possibly after a newer
-        request of the same partitions. Send the newest offset of those partitions again (it
-        waits behind any request on its way like every commit), so the group ends on it."""
-        for index, late in enumerate(self._given_up):
-            if {tp: c.offset for tp, c in late.sent.items()} == answered:
-                del self._given_up[index]
-                break
-        else:
-            return  # the echo of a synchronous commit
-        again = tuple(
-            newest
-            for tp, commit in late.sent.items()
-            if (newest := self._last_sent.get(tp)) is not None
-            and newest != commit
-            and self._epochs.get(tp) == newest.epoch
-        )
-        if again:
-            log.warning(
-                "a commit given up on was stored late; committing %s again",
-                ", ".join(f"{c.tp[0]}[{c.tp[1]}]@{c.offset}" for c in again),
-            )
-            self._queued.append(Commit(again, sync=False, reply=Future()))
-
-    def _answer_unanswered(self, reason: str) -> None:
-        pending, self._unanswered = self._unanswered, None
-        if pending is not None:
-            pending.resolve({}, reason)
-        queued, self._queued = self._queued, []
-        for command in queued:
-            _Unanswered((command,), {c.tp: c for c in command.offsets}, {}).resolve({}, reason)
+        """The client's ``on_commit`` callback (served inside ``consume()`` on this thread)."""
+        self._commits.on_commit(error, partitions)
 
     # -- rebalance callbacks (inside consume(), on this thread) --------------------------------
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         self._assert_owner()
-        self._next_epoch += 1
-        epoch = self._next_epoch
-        committed, exact = self._committed(partitions)
+        self._client_log.reachable()  # (the group coordinator answered)
+        tps = [(p.topic, p.partition) for p in partitions]
+        read = client_offsets.read_committed(
+            self._consumer, tps, REQUEST_TIMEOUT, exact_reader=self._exact_reader, attempts=3
+        )
+        if read is None:
+            log.warning(
+                "could not read committed offsets of %s: finished records above the committed "
+                "offset will be processed again",
+                _names(partitions),
+            )
+        committed, exact = read or ({}, False)
+        epoch = self._assigned.assign(tps)
         assignments = []
-        for p in partitions:
-            tp = (p.topic, p.partition)
-            self._epochs[tp] = epoch
-            self._positions.pop(tp, None)
-            self._delivered_to.pop(tp, None)
-            self._first_seen.pop(tp, None)
-            found = committed.get(tp)
-            offset, metadata = found if found is not None else (None, None)
+        for tp in tps:
+            offset, metadata = committed.get(tp, (None, None))
             assignments.append(Assignment(tp, epoch, offset, metadata, exact_metadata=exact))
         log.info("assigned %s", _names(partitions))
         self._post(PartitionsAssigned(tuple(assignments)))
         self._call_user(self._user_on_assign, consumer, partitions)
 
-    def _committed(
-        self, partitions: list[Any]
-    ) -> tuple[dict[TopicPartition, tuple[int, str | None]], bool]:
-        """The committed offsets and metadata, and whether the metadata is exact: read with its
-        length through librdkafka when possible, else through confluent-kafka's ``committed()``,
-        which may append stray bytes to a map the Java client committed."""
-        if self._exact_reader is not None:
-            tps = [(p.topic, p.partition) for p in partitions]
-            exact = self._exact_reader.read(tps, REQUEST_TIMEOUT)
-            if exact is not None:
-                return exact, True
-        request = [KafkaTopicPartition(p.topic, p.partition) for p in partitions]
-        for attempt in range(3):
-            try:
-                answer = self._consumer.committed(request, timeout=REQUEST_TIMEOUT)
-            except KafkaException as exc:
-                log.warning("reading committed offsets failed (attempt %d): %s", attempt + 1, exc)
-                continue
-            # read_committed_metadata: a map the Java client committed comes back followed by
-            # stray bytes, which may not even be UTF-8 (see offsets/codec.py).
-            return {
-                (r.topic, r.partition): (r.offset, read_committed_metadata(r))
-                for r in answer
-                if r.error is None and r.offset >= 0
-            }, False
-        log.warning(
-            "could not read committed offsets of %s: finished records above the committed "
-            "offset will be processed again",
-            _names(partitions),
-        )
-        return {}, False
-
     def _forget(self, partitions: list[Any]) -> tuple[TopicPartition, ...]:
         """Drop the poller's per-partition state of partitions leaving the assignment."""
         tps = tuple((p.topic, p.partition) for p in partitions)
         self._resume_leaving(tps)
-        if self._overflow:
-            gone = set(tps)
-            self._overflow = deque(
-                m for m in self._overflow if (m.topic(), m.partition()) not in gone
-            )
-        for tp in tps:
-            self._epochs.pop(tp, None)
-            self._paused.discard(tp)
-            self._positions.pop(tp, None)
-            self._delivered_to.pop(tp, None)
-            self._first_seen.pop(tp, None)
+        self._assigned.forget(tps)
         return tps
 
     def _resume_leaving(self, tps: tuple[TopicPartition, ...]) -> None:
-        """Resume the paused partitions of ``tps`` before they leave the assignment.
-
-        librdkafka keeps a partition's pause across a revoke: if the group hands the partition
-        back to this consumer, it stays paused, and nothing here would resume it (to the engine
-        it is a new, unpaused partition), so it would never be fetched again. Resumed now, it
-        comes back fresh, as in the Java client."""
-        paused = [tp for tp in tps if tp in self._paused]
+        """Resume the paused partitions of ``tps`` before they leave the assignment (see
+        ClientPauses.leaving): a partition handed back comes back fresh, as in the Java client."""
+        paused = self._pauses.leaving(tps)
         if not paused:
             return
         try:
@@ -829,13 +466,8 @@ class Poller:
                     _names(partitions),
                     REVOKE_TIMEOUT,
                 )
-                if self._outputs is not None:
-                    # Their outputs may be in the open transaction, which must then not
-                    # commit without their offsets: abort it, and start the others again.
-                    outcome, reason = self._outputs.abort("a revoke timed out")
-                    if outcome is TransactionOutcome.FATAL:
-                        raise InternalError(reason)
-                    self._rewind()
+                if self._transactions is not None:
+                    self._transactions.abort("a revoke timed out", self._revoking)
         self._revoking = frozenset()
         self._forget(partitions)
         self._call_user(self._user_on_revoke, consumer, partitions)
@@ -858,76 +490,9 @@ class Poller:
 
     def __repr__(self) -> str:
         return (
-            f"<Poller assigned={len(self._epochs)} paused={len(self._paused)} "
+            f"<Poller assigned={len(self._assigned.epochs)} paused={len(self._pauses.paused)} "
             f"{self._credit!r}{' stopping' if self._stopping else ''}>"
         )
-
-
-class _Unanswered:
-    """One commit request and the commands it answers."""
-
-    __slots__ = ("commands", "dropped", "sent", "sent_at")
-
-    def __init__(
-        self,
-        commands: tuple[Commit, ...],
-        sent: dict[TopicPartition, OffsetCommit],
-        dropped: dict[TopicPartition, CommitAnswer],
-    ) -> None:
-        self.commands = commands
-        #: The offset sent per partition; answers of partitions never sent (no longer held).
-        self.sent = sent
-        self.dropped = dropped
-        self.sent_at = time.monotonic()
-
-    def resolve(self, errors: dict[TopicPartition, Any], missing: str | None = None) -> None:
-        """Answer with ``errors`` per partition; partitions absent from it failed with
-        ``missing`` if given, else succeeded."""
-        answers = []
-        for tp, commit in self.sent.items():
-            if tp in errors:
-                answers.append(_answer(commit, errors[tp]))
-            else:
-                answers.append(CommitAnswer(commit, missing))
-        self.answer(answers)
-
-    def answer(self, answers: Iterable[CommitAnswer]) -> None:
-        """Reply to every command: an offset gets the answer of its partition's request."""
-        by_tp = {**self.dropped, **{a.commit.tp: a for a in answers}}
-        for command in self.commands:
-            out = []
-            for commit in command.offsets:
-                found = by_tp[commit.tp]
-                if found.commit.epoch != commit.epoch:
-                    # (superseded by an offset of a later assignment: never sent)
-                    found = CommitAnswer(commit, "the partition is no longer assigned")
-                elif found.commit != commit:
-                    found = CommitAnswer(commit, found.error, found.permanent)
-                out.append(found)
-            command.reply.set_result(tuple(out))
-
-
-def _request(commit: OffsetCommit) -> Any:
-    tp = commit.tp
-    if commit.metadata:
-        return KafkaTopicPartition(tp[0], tp[1], commit.offset, commit.metadata)
-    # No map: send no metadata at all (an empty string would be stored as a lone NUL byte).
-    return KafkaTopicPartition(tp[0], tp[1], commit.offset)
-
-
-def _answer(commit: OffsetCommit, error: Any) -> CommitAnswer:
-    if error is None:
-        return CommitAnswer(commit)
-    code = error.code() if isinstance(error, KafkaError) else None
-    hint = _PERMANENT_COMMIT_ERRORS.get(code) if code is not None else None
-    if hint is not None:
-        return CommitAnswer(commit, f"{error} ({hint})", permanent=True)
-    return CommitAnswer(commit, str(error))
-
-
-def _failed(commits: Sequence[OffsetCommit], exc: KafkaException) -> tuple[CommitAnswer, ...]:
-    error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else exc
-    return tuple(_answer(c, error) for c in commits)
 
 
 def _names(partitions: list[Any]) -> str:

@@ -12,25 +12,22 @@ and replaces a worker that died. It never waits for a worker to read: each worke
 thread (``<name>-proc-feed-<i>``) that writes its messages to its pipe. To keep the cost per
 record low, calls and results travel in chunks: a worker holds up to ``PER_WORKER`` calls (one
 running, the others waiting in its own queue), several go in one message, and a worker sends
-back what it finished in one message.
+back what it finished in one message. The handles on the worker processes (start, pipes,
+feeder threads, terminate) are in ``_process_handles.py``; the code the workers run is in
+``_process_worker.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import multiprocessing
 import os
-import pickle
-import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 from parallel_consumer._clock import Clock
@@ -38,13 +35,23 @@ from parallel_consumer._events import WorkDone
 from parallel_consumer.context import PollContext
 from parallel_consumer.errors import ConfigurationError
 from parallel_consumer.hooks import Hooks, NoHooks
+from parallel_consumer.runners._process_handles import (
+    KILL_GRACE,
+    WorkerHandle,
+    close,
+    could_not_start,
+    pickled_handler,
+    send,
+    spawn,
+    start_all,
+    terminate,
+)
 from parallel_consumer.runners._process_worker import (
     DetachedRecord,
     RemoteError,
     WorkerCrashed,
     pack_records,
     unpack_result,
-    worker_main,
 )
 from parallel_consumer.runners.base import NO_FEATURES, CallCancelled, Handler, RunnerFeatures
 
@@ -62,35 +69,11 @@ log = logging.getLogger("parallel_consumer")
 #: Calls a worker process holds at once: one running, the rest waiting in its queue, so it starts
 #: the next without a round trip and calls travel several to a message.
 PER_WORKER = 8
-#: How long start() waits for the workers to load the handler.
-START_TIMEOUT = 60.0
-#: After stop's timeout, how long a terminated worker may take to exit before it is killed.
-KILL_GRACE = 1.0
 #: A replacement worker that exits before it loaded the handler is started again after this
 #: many seconds, doubling with each failure in a row up to RESPAWN_DELAY_MAX: the cause (the
 #: handler's module changed or broke under a running consumer) rarely goes away by itself.
 RESPAWN_DELAY = 10.0
 RESPAWN_DELAY_MAX = 300.0
-
-
-@dataclass(eq=False)
-class _Worker:
-    index: int
-    process: BaseProcess
-    #: Messages for the worker, pickled, on their way to its task pipe (None: no more). Its
-    #: feeder thread owns the task pipe.
-    outbox: queue.SimpleQueue[bytes | None]
-    feeder: threading.Thread
-    results: Connection  # worker -> parent
-    #: Calls shipped and not reported yet, in shipping order.
-    outstanding: dict[int, PollContext] = field(default_factory=dict)
-    ready: bool = False
-    #: Set once the worker cannot take calls (a send failed, or it was told to stop).
-    closed: bool = False
-    #: Terminated by the pool because a call it held was cancelled (its deadline passed).
-    killed: bool = False
-    #: Terminated by the pool because stop's timeout ran out: its calls were cancelled.
-    cut_off: bool = False
 
 
 class ProcessRunner:
@@ -139,7 +122,7 @@ class ProcessRunner:
         self._done: Callable[[WorkDone], None] | None = None
         self._thread: threading.Thread | None = None
         # -- pool thread only (after start) --
-        self._workers: list[_Worker] = []
+        self._workers: list[WorkerHandle] = []
         #: Worker slots whose replacement failed to start: when to try again.
         self._respawn_at: dict[int, float] = {}
         #: Failed starts in a row per worker slot (reset once a worker loads the handler).
@@ -155,46 +138,22 @@ class ProcessRunner:
         """Start the workers and wait until each has loaded the handler."""
         self._handler_bytes = pickled_handler(handler)
         self._done = done
-        workers: list[_Worker] = []
         try:
             self._wake_r, self._wake_w = self._context.Pipe(duplex=False)
-            # Every worker is started before any is awaited: they load the handler in parallel.
-            # One by one, so the clean-up below knows every worker started before a failure.
-            for index in range(self.capacity):
-                workers.append(self._spawn(index))  # noqa: PERF401
-            deadline = time.monotonic() + START_TIMEOUT
-            problem: str | None = None
-            for worker in workers:
-                problem = _await_ready(worker, deadline)
-                if problem is not None:
-                    break
-        except OSError as exc:  # too many open files or processes (EMFILE, EAGAIN), ...
-            problem = (
-                f"could not start the worker processes ({len(workers)} of {self.capacity} "
-                f"started): {exc}. Lower Options.processes, or raise the limit on open files "
-                "and processes"
-            )
-            cause: BaseException | None = exc
+        except OSError as exc:  # too many open files (EMFILE), ...
+            raise ConfigurationError(
+                f"runner='process': {could_not_start(0, self.capacity, exc)}"
+            ) from exc
+        try:
+            workers = start_all(self.capacity, self._spawn)
         except BaseException:
-            self._abandon_start(workers)
+            self._close_wake()
             raise
-        else:
-            cause = None
-        if problem is not None:
-            self._abandon_start(workers)
-            raise ConfigurationError(f"runner='process': {problem}") from cause
         self._workers = workers
         self._thread = threading.Thread(
             target=self._serve, name=f"{self._name}-proc-pool", daemon=True
         )
         self._thread.start()
-
-    def _abandon_start(self, workers: list[_Worker]) -> None:
-        """A start that failed leaves nothing running."""
-        for worker in workers:
-            _terminate(worker)
-            _close(worker)
-        self._close_wake()
 
     #: Single calls only.
     features: RunnerFeatures = NO_FEATURES
@@ -275,8 +234,8 @@ class ProcessRunner:
             raise
         finally:
             for worker in self._workers:
-                _terminate(worker)
-                _close(worker)
+                terminate(worker)
+                close(worker)
             self._workers = []
             self._close_wake()
 
@@ -289,7 +248,7 @@ class ProcessRunner:
             if not self._stop_sent:
                 self._stop_sent = True
                 for worker in self._workers:
-                    _send(worker, ("stop",))
+                    send(worker, ("stop",))
             if not self._workers:
                 return False
             timeout = stop_at - time.monotonic()
@@ -302,7 +261,7 @@ class ProcessRunner:
             respawn = self._respawn_due()
             if respawn is not None and (timeout is None or respawn < timeout):
                 timeout = respawn
-        owners: dict[Any, _Worker] = {}
+        owners: dict[Any, WorkerHandle] = {}
         for worker in self._workers:
             owners[worker.results] = worker
             owners[worker.process.sentinel] = worker
@@ -393,12 +352,12 @@ class ProcessRunner:
                         batch,
                     )
                     worker.killed = True
-                    _terminate(worker)
+                    terminate(worker)
                     self._read_all(worker)
                     self._exited(worker)
                     break
 
-    def _read(self, worker: _Worker) -> None:
+    def _read(self, worker: WorkerHandle) -> None:
         try:
             message = worker.results.recv()
         except (EOFError, OSError):
@@ -408,7 +367,7 @@ class ProcessRunner:
             # Never let it end the pool thread: end that worker (its calls report
             # WorkerCrashed and are retried), and a replacement starts.
             log.exception("unreadable message from worker process %s", worker.process.name)
-            _terminate(worker)
+            terminate(worker)
             self._exited(worker)
             return
         kind = message[0]
@@ -438,7 +397,7 @@ class ProcessRunner:
         else:  # "load_failed": a replacement could not load the handler the first ones loaded
             log.error("a replacement worker process could not load the handler:\n%s", message[1])
 
-    def _read_all(self, worker: _Worker) -> None:
+    def _read_all(self, worker: WorkerHandle) -> None:
         """Results a worker sent before it exited."""
         try:
             while worker in self._workers and worker.results.poll():
@@ -446,7 +405,7 @@ class ProcessRunner:
         except (EOFError, OSError):  # pragma: no cover - _read handles the end of the pipe
             pass
 
-    def _exited(self, worker: _Worker) -> None:
+    def _exited(self, worker: WorkerHandle) -> None:
         if worker not in self._workers:
             return
         self._workers.remove(worker)
@@ -457,23 +416,10 @@ class ProcessRunner:
             stopping = self._stop_at is not None
         if stopping and code == 0:
             # A clean stop: what it still held never started, and is not reported.
-            _close(worker)
+            close(worker)
             return
-        error: BaseException
-        if worker.cut_off:
-            error = CallCancelled(
-                f"worker process {pid} was stopped at close while it ran this call or held it "
-                "queued"
-            )
-        else:
-            why = "was terminated (a call it held was cancelled)" if worker.killed else "exited"
-            error = WorkerCrashed(
-                f"worker process {pid} {why} with code {code} while it ran this call or held "
-                "it queued",
-                code,
-            )
-        self._fail_outstanding(worker, error)
-        _close(worker)
+        self._fail_outstanding(worker, worker.exit_error(code))
+        close(worker)
         if stopping:
             return
         if not worker.ready:
@@ -491,7 +437,7 @@ class ProcessRunner:
             )
         self._replace(worker.index)
 
-    def _fail_outstanding(self, worker: _Worker, error: BaseException) -> None:
+    def _fail_outstanding(self, worker: WorkerHandle, error: BaseException) -> None:
         now = self._clock.monotonic()
         done = self._done
         assert done is not None
@@ -505,7 +451,7 @@ class ProcessRunner:
             if worker.outstanding:
                 self._in_time = False
             worker.cut_off = True
-            _terminate(worker)
+            terminate(worker)
             self._read_all(worker)  # may find its end and report it as exited
             if worker.outstanding:
                 self._fail_outstanding(worker, CallCancelled("the worker was stopped at close"))
@@ -542,38 +488,14 @@ class ProcessRunner:
                 calls.append((batch, records))
             # A failed send leaves the calls outstanding: the worker's exit reports them.
             if calls:
-                _send(worker, ("calls", calls))
+                send(worker, ("calls", calls))
 
     def _report_unsent(self, batch: int, context: PollContext, error: BaseException) -> None:
         assert self._done is not None
         self._done(WorkDone(batch, (error,) * len(context), None, self._clock.monotonic()))
 
-    def _spawn(self, index: int) -> _Worker:
-        context: Any = self._context
-        task_r, task_w = context.Pipe(duplex=False)
-        result_r, result_w = context.Pipe(duplex=False)
-        process = context.Process(
-            target=worker_main,
-            args=(self._handler_bytes, task_r, result_w),
-            name=f"{self._name}-proc-{index}",
-            daemon=True,
-        )
-        try:
-            process.start()
-        except BaseException:
-            task_w.close()
-            result_r.close()
-            raise
-        finally:
-            # Only the child keeps these ends: its exit then reads as the end of our pipe.
-            task_r.close()
-            result_w.close()
-        outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        feeder = threading.Thread(
-            target=_feed, args=(task_w, outbox), name=f"{self._name}-proc-feed-{index}", daemon=True
-        )
-        feeder.start()
-        return _Worker(index, process, outbox, feeder, result_r)
+    def _spawn(self, index: int) -> WorkerHandle:
+        return spawn(self._context, index, self._handler_bytes, self._name)
 
     def __repr__(self) -> str:
         state = "open" if self._open else "stopped"
@@ -583,91 +505,5 @@ class ProcessRunner:
         )
 
 
-def pickled_handler(handler: Handler) -> bytes:
-    """``handler`` pickled for the worker processes, or a ConfigurationError saying why not."""
-    try:
-        return pickle.dumps(handler)
-    except Exception as exc:
-        raise ConfigurationError(
-            f"runner='process' needs a handler that can be pickled (a function defined at "
-            f"module level, imported by name in each worker process); {handler!r} cannot be: "
-            f"{exc}. Lambdas, nested functions and closures cannot; neither can bound methods "
-            "of objects holding locks, clients or sockets"
-        ) from exc
-
-
 def default_processes() -> int:
     return os.cpu_count() or 1
-
-
-def _await_ready(worker: _Worker, deadline: float) -> str | None:
-    """None once ``worker`` loaded the handler, else what went wrong."""
-    remaining = max(0.0, deadline - time.monotonic())
-    if not wait([worker.results, worker.process.sentinel], remaining):
-        return f"worker process {worker.process.name} did not start within {START_TIMEOUT:.0f}s"
-    try:
-        message = worker.results.recv()
-    except (EOFError, OSError):
-        worker.process.join(KILL_GRACE)
-        return (
-            f"worker process {worker.process.name} exited during start-up (exit code "
-            f"{worker.process.exitcode}; its traceback is on stderr). Each worker is a fresh "
-            "interpreter that imports your main module again: start the consumer under "
-            "'if __name__ == \"__main__\":', and define the handler at module level"
-        )
-    if message[0] == "ready":
-        worker.ready = True
-        return None
-    return f"a worker process could not load the handler:\n{message[1]}"
-
-
-def _send(worker: _Worker, message: tuple[Any, ...]) -> None:
-    """Queue ``message`` for ``worker``; never blocks. If the worker dies first, its sentinel
-    tells the pool thread, and its exit reports the calls it held."""
-    if worker.closed:
-        return
-    worker.outbox.put(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
-    if message[0] == "stop":
-        worker.closed = True
-
-
-def _feed(tasks: Connection, outbox: queue.SimpleQueue[bytes | None]) -> None:
-    """A worker's feeder thread: writes what the pool thread queued to the worker's task pipe.
-
-    The write blocks while the pipe is full, until the worker reads, and a worker whose handler
-    keeps the GIL (C code) reads nothing until that call ends: here it holds up this worker's
-    messages only, never the pool thread, which goes on reading every worker's results and
-    shipping to the others."""
-    try:
-        while (data := outbox.get()) is not None:
-            tasks.send_bytes(data)
-    except OSError:
-        pass  # the worker died: its sentinel tells the pool thread
-    finally:
-        tasks.close()
-
-
-def _close(worker: _Worker) -> None:
-    """Release the pipes, the feeder thread and the process object (the process has exited or
-    was terminated: a write the feeder is blocked in fails at once)."""
-    worker.closed = True
-    worker.outbox.put(None)
-    worker.feeder.join(KILL_GRACE)
-    if worker.feeder.is_alive():  # pragma: no cover - only while the process still runs
-        log.warning("the feeder thread of worker process %s did not end", worker.process.name)
-    worker.results.close()
-    with contextlib.suppress(ValueError):  # still running: only terminate() may end it
-        worker.process.close()
-
-
-def _terminate(worker: _Worker) -> None:
-    process = worker.process
-    try:
-        if process.is_alive():
-            process.terminate()
-            process.join(KILL_GRACE)
-            if process.is_alive():
-                process.kill()
-                process.join(KILL_GRACE)
-    except ValueError:  # already closed
-        pass

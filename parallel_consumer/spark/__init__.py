@@ -7,14 +7,14 @@ does not import pyspark (the core in :mod:`parallel_consumer.spark._core` runs w
 
 from __future__ import annotations
 
-from parallel_consumer.spark._core import (
+from parallel_consumer.spark._core import process as process_records
+from parallel_consumer.spark._records import (
     SOURCE_ID,
     InputRecord,
     OutputRow,
     PartitionTally,
     Result,
 )
-from parallel_consumer.spark._core import process as process_records
 from parallel_consumer.spark.jars import connector_jars
 from parallel_consumer.spark.runner import (
     KIND_DEAD_LETTER,

@@ -3,7 +3,7 @@
 Imports pyarrow only (never pyspark): it runs in Spark's Python workers. One call of the function
 made by :func:`map_function` is one Spark task: the records of the Kafka partitions that task
 holds (whole partitions: the adapter never splits one). Each Arrow batch's records join their
-lanes (:class:`~parallel_consumer.spark._lanes.LaneStream`) while earlier ones still run, so the
+lanes (:class:`~parallel_consumer.spark._stream.LaneStream`) while earlier ones still run, so the
 JVM reads the next batch while Python works, and order per key holds across batches; finished
 rows go out as each batch arrives, and every :data:`HAND_OVER_EVERY` seconds once the input
 has ended. A pool of worker threads serves the whole task. (An
@@ -23,13 +23,9 @@ from typing import Any
 from parallel_consumer.context import PollContext
 from parallel_consumer.options import Options
 from parallel_consumer.runners.base import handler_kind
-from parallel_consumer.spark._core import (
-    InputRecord,
-    OutputRow,
-    PartitionTally,
-    process,
-)
-from parallel_consumer.spark._lanes import LaneStream
+from parallel_consumer.spark._core import process
+from parallel_consumer.spark._records import InputRecord, OutputRow, PartitionTally
+from parallel_consumer.spark._stream import LaneStream
 
 __all__ = [
     "INPUT_COLUMNS",

@@ -29,7 +29,8 @@ from parallel_consumer.spark._arrow import (
     map_function,
     tally_of,
 )
-from parallel_consumer.spark._core import PartitionTally, check_options
+from parallel_consumer.spark._core import check_options
+from parallel_consumer.spark._records import PartitionTally
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -175,7 +176,7 @@ def _prepare_dead_letter_topics(
         return
     from confluent_kafka.admin import AdminClient
 
-    from parallel_consumer.engine.letters import dead_letter_topics, prepare_topics
+    from parallel_consumer.kafka.dead_letter_topics import dead_letter_topics, prepare_topics
 
     config: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, **(admin_config or {})}
     prepare_topics(AdminClient, config, dead_letter_topics(options, _subscription(topic)[2]))

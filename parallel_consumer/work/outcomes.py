@@ -23,6 +23,7 @@ __all__ = [
     "SkipNow",
     "StopNow",
     "Succeeded",
+    "counts_as_attempt",
     "decide",
     "exhausted_decision",
 ]
@@ -101,6 +102,17 @@ def decide(
         return exhausted_decision(Reason.RETRIES_EXHAUSTED, error, record, options, finished_at)
     delay = retry_delay(options, error, record)
     return RetryAt(finished_at + delay, delay)
+
+
+def counts_as_attempt(error: BaseException, options: Options) -> bool:
+    """Whether ``error`` ending a call is a failed attempt of its record (its attempt count and
+    failure times move on before :func:`decide`). Raising ``Skip``, or ``DeadLetter`` while
+    dead-lettering is on, is not: it is the handler's decision, and the record's history stays
+    as it was. A ``DeadLetter`` with nowhere to go is retried like any failure (see
+    :func:`decide`), so it counts."""
+    if isinstance(error, Skip):
+        return False
+    return not (isinstance(error, DeadLetter) and options.dead_lettering)
 
 
 def exhausted_decision(

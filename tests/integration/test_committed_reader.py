@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from engine_support import Engines, Recorder, commit_directly, committed, wait_until
 
-from parallel_consumer import Options, PollContext, _committed
+from parallel_consumer import Options, PollContext
+from parallel_consumer.kafka import committed_reader as _committed
 from parallel_consumer.kafka.committed_reader import CommittedReader, ExactReaderUnavailable
 from parallel_consumer.offsets import OffsetEncoding, decode_offset_map, encode_offset_map
 from parallel_consumer.testing import produce_records

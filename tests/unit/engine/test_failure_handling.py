@@ -320,7 +320,7 @@ def test_a_dead_letter_topic_that_is_also_subscribed_is_refused(harness, cluster
 def test_a_regex_subscription_matching_the_dead_letter_topic_is_refused_at_start(
     topics: tuple[str, ...], refused: bool
 ) -> None:
-    from parallel_consumer.engine.letters import dead_letter_topics
+    from parallel_consumer.kafka.dead_letter_topics import dead_letter_topics
 
     options = Options(dead_letter_topic="orders.dlq")
     if refused:

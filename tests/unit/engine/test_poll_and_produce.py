@@ -15,6 +15,7 @@ from parallel_consumer import (
     ProduceResult,
     ProducerRecord,
 )
+from parallel_consumer.errors import InvalidOutput
 from parallel_consumer.produce import outputs_of
 
 
@@ -191,17 +192,17 @@ def test_poll_is_refused_in_the_transactional_mode(harness, cluster) -> None:
 
 
 def test_the_transactional_id_is_derived_per_instance(harness, cluster) -> None:
-    from parallel_consumer.consumer import _checked_producer_config
+    from parallel_consumer.client_config import checked_producer_config
 
     options = Options(commit_mode=CommitMode.PERIODIC_TRANSACTIONAL_PRODUCER)
-    static = _checked_producer_config(
+    static = checked_producer_config(
         {"transactional.id": "orders"}, {**BASE, "group.instance.id": "pod-3"}, options
     )
     assert static["transactional.id"] == "orders-pod-3"
     assert static["enable.idempotence"] is True
     assert static["bootstrap.servers"] == "fake:9092"
-    one = _checked_producer_config({"transactional.id": "orders"}, BASE, options)
-    two = _checked_producer_config({"transactional.id": "orders"}, BASE, options)
+    one = checked_producer_config({"transactional.id": "orders"}, BASE, options)
+    two = checked_producer_config({"transactional.id": "orders"}, BASE, options)
     assert one["transactional.id"] != two["transactional.id"]
     assert one["transactional.id"].startswith("orders-")
 
@@ -217,8 +218,6 @@ def test_the_commit_interval_defaults_per_mode() -> None:
     ("args", "kwargs", "message"),
     [
         (("",), {"value": b"x"}, "topic"),
-        (("t", 3), {}, "value"),
-        (("t", b"x"), {"key": 1.5}, "key"),
         (("t", b"x"), {"headers": [("a", 1)]}, "headers"),
         (("t", b"x"), {"headers": "ab"}, "headers"),
         (("t", b"x"), {"partition": -1}, "partition"),
@@ -228,6 +227,22 @@ def test_the_commit_interval_defaults_per_mode() -> None:
 def test_producer_record_rejects_bad_fields(args, kwargs, message) -> None:
     with pytest.raises(TypeError, match=message):
         ProducerRecord(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        (("t", 3), {}, "value"),
+        (("t", b"x"), {"key": 1.5}, "key"),
+    ],
+)
+def test_an_output_key_or_value_that_is_not_bytes_is_rejected_without_a_serializer(
+    args, kwargs, message
+) -> None:
+    # (an object is a valid payload for Options.value_serializer / key_serializer, so the check
+    # is made when the handler returns it)
+    with pytest.raises(InvalidOutput, match=f"the {message} of an output to t is a"):
+        outputs_of(ProducerRecord(*args, **kwargs))
 
 
 def test_outputs_of_accepts_one_many_or_none() -> None:

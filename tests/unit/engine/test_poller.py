@@ -137,8 +137,8 @@ def test_a_consumed_batch_is_delivered_grouped_by_partition_in_offset_order():
         ("t", 0): [5, 6, 7],
         ("t", 1): [9, 10],
     }
-    assert poller._delivered_to == {("t", 0): 8, ("t", 1): 11}
-    assert poller._first_seen == {("t", 0): 5, ("t", 1): 9}
+    assert poller._assigned.delivered_to == {("t", 0): 8, ("t", 1): 11}
+    assert poller._assigned.first_seen == {("t", 0): 5, ("t", 1): 9}
 
 
 def test_a_revoke_during_close_still_runs_its_final_commit_after_a_stop_request():

@@ -12,18 +12,33 @@ import time
 import pytest
 
 from parallel_consumer import Lifecycle, Options, PollContext, RetriesExhausted
+from parallel_consumer._signals import StopSignals
 
 
-def _signal_when(condition, signum: int = signal.SIGTERM, *, times: int = 1) -> threading.Thread:
-    """Send ``signum`` to this process (``times`` times, 0.1 s apart) once ``condition()``."""
+def _installed(signum: int) -> bool:
+    """run() (or close()) handles ``signum`` now: sending it cannot kill the test process."""
+    handler = signal.getsignal(signum)
+    if signum == signal.SIGINT and handler is signal.default_int_handler:
+        return True  # a KeyboardInterrupt, which close() handles
+    return isinstance(getattr(handler, "__self__", None), StopSignals)
+
+
+def _signal_when(
+    condition, signum: int = signal.SIGTERM, *, times: int = 1, then=lambda: None
+) -> threading.Thread:
+    """Send ``signum`` to this process (``times`` times, 0.1 s apart) once ``condition()``, and
+    only while a handler of the library's is installed: a stray signal would end the test run."""
 
     def send() -> None:
         deadline = time.monotonic() + 10
-        while not condition() and time.monotonic() < deadline:
+        while not (condition() and _installed(signum)) and time.monotonic() < deadline:
             time.sleep(0.005)
         for _ in range(times):
+            if not _installed(signum):
+                return  # (the test then fails on what it asserts, without a stray signal)
             os.kill(os.getpid(), signum)
             time.sleep(0.1)
+        then()
 
     thread = threading.Thread(target=send, daemon=True)
     thread.start()
@@ -48,8 +63,7 @@ def test_a_stop_signal_closes_run_and_commits_what_finished(harness, cluster, si
     pc.poll(handle)
     previous = signal.getsignal(signum)
     # When the process gets the signal while record 5 runs (and it finishes soon after)
-    sender = _signal_when(lambda: ran == [0, 1, 2, 3, 4], signum)
-    threading.Timer(0.3, gate.set).start()
+    sender = _signal_when(lambda: ran == [0, 1, 2, 3, 4], signum, then=gate.set)
     pc.run()
     sender.join()
     # Then run() returned after a graceful close: the call in flight finished, nothing after

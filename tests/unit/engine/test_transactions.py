@@ -151,7 +151,7 @@ def test_a_rewind_goes_back_to_records_held_in_the_pollers_overflow(setup: Setup
     for _ in range(3):
         cluster.produce("u", b"w", key=b"j")
     setup.consumers[0].rebalance(assign=[("u", 0)])
-    wait(lambda: pc._poller._overflow, what="a record in the overflow")
+    wait(lambda: pc._poller._assigned.overflow, what="a record in the overflow")
 
     # When the next transaction aborts (a rewind) and deliveries go on
     producer.fail_next_commit()

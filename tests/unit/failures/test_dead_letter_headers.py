@@ -1,4 +1,5 @@
-"""The dead-letter header contract: what the engine writes is what the tools read back."""
+"""The dead-letter header contract: what the engine and the Spark runner write (one builder) is
+what the tools read back."""
 
 from __future__ import annotations
 
@@ -6,7 +7,12 @@ from datetime import UTC, datetime
 
 import pytest
 
+from parallel_consumer import DeadLetter, Options, PollContext
 from parallel_consumer import dead_letter as dl
+from parallel_consumer.engine.letters import DeadLetters, Letter
+from parallel_consumer.spark import SOURCE_ID, InputRecord, process_records
+from parallel_consumer.spark._records import Message
+from parallel_consumer.work.item import WorkItem
 
 
 def _headers(**overrides: object) -> list[tuple[str, bytes]]:
@@ -50,6 +56,40 @@ def test_long_messages_are_cut() -> None:
     assert info.error_message.endswith("...")
 
 
+def _raised(error: BaseException) -> BaseException:
+    def parse_order() -> None:
+        raise error
+
+    try:
+        parse_order()
+    except BaseException as caught:
+        return caught
+    raise AssertionError("unreachable")
+
+
+def test_the_traceback_of_a_raised_error_travels_in_a_header() -> None:
+    info = dl.read_dead_letter(_headers(error=_raised(ValueError("bad order"))))
+    assert info is not None
+    assert info.error_stacktrace.startswith("Traceback (most recent call last):")
+    assert "in parse_order" in info.error_stacktrace
+    assert info.error_stacktrace.rstrip().endswith("ValueError: bad order")
+
+
+def test_a_long_traceback_keeps_its_end_within_the_limit() -> None:
+    # (repeated frames are folded by Python: a long message makes the traceback long)
+    info = dl.read_dead_letter(_headers(error=_raised(RuntimeError("deep " + "x" * 20_000))))
+    assert info is not None
+    assert len(info.error_stacktrace) == dl.ERROR_STACKTRACE_LIMIT
+    assert info.error_stacktrace.startswith("...")
+    assert info.error_stacktrace.rstrip().endswith("x" * 100)
+
+
+def test_an_error_never_raised_has_an_empty_traceback_header() -> None:
+    info = dl.read_dead_letter(_headers())
+    assert info is not None
+    assert info.error_stacktrace == ""
+
+
 def test_unknown_reason_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown dead-letter reason"):
         _headers(reason="because")
@@ -86,3 +126,64 @@ def test_text_that_is_not_valid_utf8_is_escaped_not_refused() -> None:
     assert info is not None
     assert info.error_message == "bad \\udcff byte"
     assert info.topic == "t\\udcfe"
+
+
+@pytest.mark.parametrize(
+    ("timestamp_ms", "header"),
+    [
+        (0, b"1970-01-01T00:00:00.000Z"),  # the epoch is a timestamp like any other
+        (1_700_000_000_123, b"2023-11-14T22:13:20.123Z"),
+        (-1, b""),  # Kafka's "no timestamp"
+        (None, b""),
+    ],
+)
+def test_the_original_timestamp_is_empty_only_when_the_record_has_none(
+    timestamp_ms: int | None, header: bytes
+) -> None:
+    assert dict(_headers(timestamp_ms=timestamp_ms))[dl.ORIGINAL_TIMESTAMP] == header
+
+
+def test_a_dead_letter_raised_from_an_error_is_named_by_that_error() -> None:
+    cause = KeyError("field")
+    for error in (DeadLetter("bad json", cause=cause), _raised_from(cause)):
+        info = dl.read_dead_letter(_headers(error=error, reason=dl.Reason.DEAD_LETTER))
+        assert info is not None
+        assert (info.error_type, info.error_message) == ("builtins.KeyError", "'field'")
+    # without a cause, the DeadLetter itself
+    info = dl.read_dead_letter(_headers(error=DeadLetter("bad json")))
+    assert info is not None
+    assert (info.error_type, info.error_message) == (
+        "parallel_consumer.errors.DeadLetter",
+        "bad json",
+    )
+
+
+def _raised_from(cause: BaseException) -> DeadLetter:
+    try:
+        raise DeadLetter("bad json") from cause
+    except DeadLetter as exc:
+        return exc
+
+
+@pytest.mark.parametrize("timestamp_ms", [0, -1, 1_700_000_000_123])
+def test_the_engine_and_spark_write_the_same_dead_letter_headers(timestamp_ms: int) -> None:
+    # Given one record, and a handler that dead-letters it on its first call, naming a cause
+    record = InputRecord("orders", 3, 42, b"k", b"v", timestamp_ms, 1, (("app", b"1"),))
+    options = Options(dead_letter_topic="orders.dlq")
+
+    def handler(ctx: PollContext) -> None:
+        raise DeadLetter("bad json", cause=KeyError("field"))
+
+    # When Spark dead-letters it
+    (row,) = process_records([record], handler, options, group="g").rows
+    spark = [h for h in row.headers if h[0] != SOURCE_ID]
+    # and the engine writes its dead letter (the handler's error as it was raised)
+    item = WorkItem(Message(record), ("orders", 3), b"k", 0)
+    letter = Letter(item, DeadLetter("bad json", cause=KeyError("field")), dl.Reason.DEAD_LETTER)
+    _, written = DeadLetters(options, "g").start(letter, 1, 0.0)
+    # Then both wrote the same headers, with the one builder's timestamp and cause
+    assert written.headers == spark
+    info = dl.read_dead_letter(spark)
+    assert info is not None
+    assert info.error_type == "builtins.KeyError"
+    assert (info.timestamp is None) == (timestamp_ms < 0)

@@ -24,6 +24,7 @@ from parallel_consumer.work.outcomes import (
     SkipNow,
     StopNow,
     Succeeded,
+    counts_as_attempt,
     decide,
 )
 
@@ -209,3 +210,15 @@ def test_a_provider_that_fails_or_returns_nonsense_falls_back_to_retry_delay(
     options = Options(retry_delay=2, retry_delay_provider=provider)
     assert retry_delay(options, ValueError(), _record(1)) == 2.0
     assert "t[0]@7" in caplog.text
+
+
+def test_only_a_failure_counts_as_an_attempt_not_the_handlers_skip_or_dead_letter() -> None:
+    on = Options(dead_letter_topic="dlq")
+    assert counts_as_attempt(ValueError("boom"), on)
+    assert counts_as_attempt(Retry("later", delay=1.0), on)
+    assert not counts_as_attempt(Skip("not for us"), on)
+    assert not counts_as_attempt(DeadLetter("bad payload"), on)
+    # With nowhere to write it, a dead letter is retried like any failure, and counts as one
+    off = Options()
+    assert counts_as_attempt(DeadLetter("bad payload"), off)
+    assert not counts_as_attempt(Skip("not for us"), off)

@@ -26,6 +26,7 @@ from parallel_consumer import (
     Skip,
 )
 from parallel_consumer.dead_letter import Reason, read_dead_letter
+from parallel_consumer.errors import InvalidOutput
 from parallel_consumer.spark._core import SOURCE_ID, InputRecord, OutputRow, process
 
 
@@ -224,6 +225,26 @@ def test_dead_letter_and_skip_signals_end_a_record_at_once() -> None:
     assert sleeps.delays == []
 
 
+def test_a_dead_letter_with_dead_lettering_off_is_retried_as_a_failed_attempt() -> None:
+    # As in the engine: nowhere to write it, so neither dropped nor a stop; it runs again
+    seen: list[int] = []
+
+    def handler(ctx: PollContext) -> ProducerRecord:
+        seen.append(ctx.attempts)
+        if len(seen) > 3:
+            raise Skip("the attempts did not count")  # (ends the test instead of looping)
+        if ctx.attempts < 2:
+            raise DeadLetter("bad payload")
+        return echo(ctx)
+
+    sleeps = Sleeps()
+    result = process(records(1, 1), handler, Options(retry_delay=0.5), sleep=sleeps)
+    assert seen == [0, 1, 2]
+    assert [r.dead_letter for r in result.rows] == [False]
+    assert sleeps.delays == [0.5, 0.5]
+    assert result.partitions[("in", 0)].retries == 2
+
+
 def test_the_default_dead_letter_topic_is_per_input_topic() -> None:
     def handler(ctx: PollContext) -> None:
         raise ValueError("always")
@@ -251,15 +272,18 @@ def test_a_stop_ends_the_other_lanes_instead_of_waiting_for_them() -> None:
     def handler(ctx: PollContext) -> None:
         calls[ctx.key] += 1
         if ctx.key == b"k0":
-            raise DeadLetter("stop")  # dead-lettering is off: a stop
+            raise KeyError("stop")  # non-retryable, and the policy is STOP
         raise ConnectionError("forever")
 
     def sleep(seconds: float) -> None:
         stopped.wait(10)  # a retry delay lasts until the stop is seen (or 10 s)
 
     # When they run together, the k1 lane sleeping in its retry delay
+    options = Options(
+        max_concurrency=2, non_retryable=(KeyError,), on_retries_exhausted=OnExhausted.STOP
+    )
     with pytest.raises(RetriesExhausted):
-        process(records(2, 2), handler, Options(max_concurrency=2), sleep=sleep)
+        process(records(2, 2), handler, options, sleep=sleep)
     stopped.set()
     # Then the call ended with the stop, and k1 was not retried again and again
     assert calls[b"k0"] == 1
@@ -291,7 +315,10 @@ def test_one_poison_record_per_key_dead_letters_each_and_every_key_goes_on() -> 
 
 
 def test_a_wrong_return_type_is_a_failure_of_the_record() -> None:
+    calls: list[int] = []
+
     def handler(ctx: PollContext) -> object:
+        calls.append(ctx.offset)
         return "not a ProducerRecord"
 
     result = process(records(2, 1), handler, Options(max_retries=1, dead_letter_topic="dlq"))
@@ -299,7 +326,11 @@ def test_a_wrong_return_type_is_a_failure_of_the_record() -> None:
     assert len(result.rows) == 2
     info = read_dead_letter(list(result.rows[0].headers))
     assert info is not None
-    assert info.error_type == "builtins.TypeError"
+    # As in the engine: an InvalidOutput (a TypeError) is never retried, whatever max_retries
+    assert info.error_type == "parallel_consumer.errors.InvalidOutput"
+    assert issubclass(InvalidOutput, TypeError)
+    assert (info.reason, info.attempts) == (Reason.NON_RETRYABLE, 1)
+    assert calls == [0, 1]
 
 
 def test_ctx_fail_fails_the_record_but_keeps_what_the_call_returned() -> None:

@@ -22,15 +22,8 @@ from concurrent.futures import Executor
 
 from parallel_consumer.context import PollContext
 from parallel_consumer.options import Options
-from parallel_consumer.spark._core import (
-    InputRecord,
-    Lane,
-    LaneKey,
-    OutputRow,
-    PartitionTally,
-    lane_key,
-    run_record,
-)
+from parallel_consumer.spark._lane import Lane, lane_key, run_record
+from parallel_consumer.spark._records import InputRecord, OutputRow, PartitionTally
 
 __all__ = ["LaneStream"]
 
@@ -67,7 +60,7 @@ class LaneStream:
         self._wall = wall
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._queues: dict[LaneKey, _Queue] = {}
+        self._queues: dict[object, _Queue] = {}
         self._running = 0
         self._stopping = threading.Event()
         self._error: BaseException | None = None

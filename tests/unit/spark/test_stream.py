@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from parallel_consumer import DeadLetter, Options, PollContext, ProducerRecord, RetriesExhausted
+from parallel_consumer import OnExhausted, Options, PollContext, ProducerRecord, RetriesExhausted
 from parallel_consumer.spark._arrow import KIND_OUTPUT, map_function
-from parallel_consumer.spark._core import InputRecord
-from parallel_consumer.spark._lanes import LaneStream
+from parallel_consumer.spark._records import InputRecord
+from parallel_consumer.spark._stream import LaneStream
 
 
 def record(offset: int, key: str, partition: int = 0) -> InputRecord:
@@ -65,10 +65,11 @@ def test_a_stop_surfaces_from_finish_and_stops_the_other_lanes() -> None:
     def handler(ctx: PollContext) -> None:
         calls.append(ctx.offset)
         if ctx.offset == 0:
-            raise DeadLetter("no dead-letter topic: a stop")
+            raise KeyError("non-retryable, and the policy is STOP: a stop")
 
+    options = Options(non_retryable=(KeyError,), on_retries_exhausted=OnExhausted.STOP)
     with ThreadPoolExecutor(1) as pool:  # one worker: lane "b" runs after "a" stopped
-        stream = LaneStream(handler, Options(), "g", pool)
+        stream = LaneStream(handler, options, "g", pool)
         stream.feed([record(0, "a"), record(1, "b"), record(2, "b")])
         with pytest.raises(RetriesExhausted):
             stream.finish()

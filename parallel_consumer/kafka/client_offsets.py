@@ -1,0 +1,186 @@
+"""The consumer client's offset calls, translated once at the boundary: the offsets a commit
+sends, its answers and errors (which of them fail again however often they are retried), the
+commit requests carried out (:class:`CommitClient`), and the committed offsets read on
+assignment and on a rewind.
+
+Called by the poller only, on its thread (the only one that touches the client).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from parallel_consumer._events import Commit
+from parallel_consumer.kafka.assigned import AssignedPartitions
+from parallel_consumer.kafka.commit_requests import CommitRequests, Decision, Reply, Request
+from parallel_consumer.kafka.committed_reader import CommittedReader
+from parallel_consumer.offsets import read_committed_metadata
+from parallel_consumer.work.commit_tracker import CommitAnswer, OffsetCommit
+from parallel_consumer.work.item import TopicPartition
+
+__all__ = ["CommitClient", "answer", "commit_sync", "failed", "kafka_offset", "read_committed"]
+
+log = logging.getLogger("parallel_consumer")
+
+#: Per partition: the committed offset and its metadata (as read, see read_committed_metadata).
+Committed = dict[TopicPartition, tuple[int, str | None]]
+
+_MAP_TOO_LARGE = (
+    "the offset map is larger than the broker's offset.metadata.max.bytes; set "
+    "Options(max_metadata_bytes=...) to at most that value"
+)
+#: Commit errors that fail again however often they are retried.
+_PERMANENT_COMMIT_ERRORS = {
+    KafkaError.OFFSET_METADATA_TOO_LARGE: _MAP_TOO_LARGE,
+    KafkaError.INVALID_COMMIT_OFFSET_SIZE: _MAP_TOO_LARGE,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: "the consumer may not commit for this topic",
+    KafkaError.GROUP_AUTHORIZATION_FAILED: "the consumer may not commit for this group",
+    KafkaError.INVALID_GROUP_ID: "the group.id is not valid",
+}
+
+
+def kafka_offset(commit: OffsetCommit) -> Any:
+    """The client's form of one offset to commit."""
+    tp = commit.tp
+    if commit.metadata:
+        return KafkaTopicPartition(tp[0], tp[1], commit.offset, commit.metadata)
+    # No map: send no metadata at all (an empty string would be stored as a lone NUL byte).
+    return KafkaTopicPartition(tp[0], tp[1], commit.offset)
+
+
+def answer(commit: OffsetCommit, error: Any) -> CommitAnswer:
+    """The answer for ``commit`` given the client's error for its partition (None: stored)."""
+    if error is None:
+        return CommitAnswer(commit)
+    code = error.code() if isinstance(error, KafkaError) else None
+    hint = _PERMANENT_COMMIT_ERRORS.get(code) if code is not None else None
+    if hint is not None:
+        return CommitAnswer(commit, f"{error} ({hint})", permanent=True)
+    return CommitAnswer(commit, str(error))
+
+
+def failed(commits: Sequence[OffsetCommit], exc: KafkaException) -> tuple[CommitAnswer, ...]:
+    """The answers for ``commits`` whose request raised ``exc``."""
+    error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else exc
+    return tuple(answer(c, error) for c in commits)
+
+
+def commit_sync(consumer: Any, commits: Sequence[OffsetCommit]) -> tuple[CommitAnswer, ...]:
+    """Commit ``commits`` and wait for the answer."""
+    try:
+        stored = consumer.commit(offsets=[kafka_offset(c) for c in commits], asynchronous=False)
+    except KafkaException as exc:
+        log.warning("commit failed: %s", exc)
+        return failed(commits, exc)
+    errors = {(r.topic, r.partition): r.error for r in stored or ()}
+    return tuple(answer(c, errors.get(c.tp)) for c in commits)
+
+
+class CommitClient:
+    """What :class:`CommitRequests` decides, carried out on ``client`` (the consumer): requests
+    sent, the client's ``on_commit`` answers matched to them, replies set. Owned by the poller
+    thread (the client serves its callbacks inside ``consume()``)."""
+
+    def __init__(self, client: Any, assigned: AssignedPartitions) -> None:
+        self.requests = CommitRequests()
+        self._client = client
+        self._assigned = assigned
+
+    def commit(self, command: Commit, revoking: frozenset[TopicPartition]) -> None:
+        """A Commit command arrived; ``revoking``: the partitions being revoked right now."""
+        self._carry_out(self.requests.commit(command, self._assigned.epochs, revoking))
+
+    def turn(self, now: float, answer_timeout: float) -> None:
+        """Send what waited, once the request before it is answered or given up on."""
+        decision = self.requests.due(now, answer_timeout, self._assigned.epochs)
+        if (gave_up := decision.gave_up) is not None:
+            log.warning(
+                "no answer to the commit of %s after %.0fs; sending what waited behind it",
+                ", ".join(f"{t}[{p}]@{c.offset}" for (t, p), c in gave_up.sent.items()),
+                answer_timeout,
+            )
+        self._carry_out(decision)
+
+    def on_commit(self, error: Any, partitions: list[Any]) -> None:
+        """The client's ``on_commit`` callback. It does not say which request it answers:
+        CommitRequests matches it."""
+        answered = {(p.topic, p.partition): p.offset for p in partitions}
+        request, again = self.requests.answered(answered, self._assigned.epochs)
+        if again:
+            log.warning(
+                "a commit given up on was stored late; committing %s again",
+                ", ".join(f"{c.tp[0]}[{c.tp[1]}]@{c.offset}" for c in again),
+            )
+        if request is not None:
+            errors = {(p.topic, p.partition): p.error or error for p in partitions}
+            _reply(request.answer(answer(c, errors.get(tp)) for tp, c in request.sent.items()))
+
+    def close(self, reason: str) -> None:
+        """The client closes: every commit not answered yet failed with ``reason``."""
+        _reply(self.requests.close(reason))
+
+    def _carry_out(self, decision: Decision) -> None:
+        _reply(decision.replies)
+        if decision.send is not None:
+            self._send(decision.send)
+
+    def _send(self, request: Request) -> None:
+        """Synchronously if the request says so (answered at once), else asynchronously
+        (answered by ``on_commit``)."""
+        live = request.offsets
+        if request.sync:
+            _reply(request.answer(commit_sync(self._client, live)))
+            return
+        try:
+            self._client.commit(offsets=[kafka_offset(c) for c in live], asynchronous=True)
+        except KafkaException as exc:
+            _reply(request.answer(failed(live, exc)))
+            return
+        self.requests.on_its_way(request, time.monotonic())
+
+
+def _reply(replies: Iterable[Reply]) -> None:
+    for reply in replies:
+        reply.command.reply.set_result(reply.answers)
+
+
+def read_committed(
+    consumer: Any,
+    tps: Sequence[TopicPartition],
+    timeout: float,
+    *,
+    exact_reader: CommittedReader | None = None,
+    attempts: int = 1,
+) -> tuple[Committed, bool] | None:
+    """The committed offsets and metadata of ``tps`` (partitions without one are absent), and
+    whether the metadata is exact: read with its length through ``exact_reader`` when given and
+    able, else through confluent-kafka's ``committed()``, which may append stray bytes to a map
+    the Java client committed. None if every one of ``attempts`` failed; with one attempt, its
+    error is raised."""
+    if exact_reader is not None:
+        exact = exact_reader.read(list(tps), timeout)
+        if exact is not None:
+            return exact, True
+    kafka_tps = [KafkaTopicPartition(t, p) for t, p in tps]
+    for attempt in range(attempts):
+        try:
+            found = consumer.committed(kafka_tps, timeout=timeout)
+        except KafkaException as exc:
+            if attempts == 1:
+                raise
+            log.warning("reading committed offsets failed (attempt %d): %s", attempt + 1, exc)
+            continue
+        # read_committed_metadata: a map the Java client committed comes back followed by
+        # stray bytes, which may not even be UTF-8 (see offsets/codec.py).
+        return {
+            (r.topic, r.partition): (r.offset, read_committed_metadata(r))
+            for r in found
+            if r.error is None and r.offset >= 0
+        }, False
+    return None
