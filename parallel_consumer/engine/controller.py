@@ -9,7 +9,8 @@ that each own one kind of state (docs/architecture.md):
 - delivery (engine/delivery.py): outputs, dead letters and the transaction gate;
 - overdue (engine/overdue.py): calls past their deadline or holding a stalled partition;
 - watches (engine/watches.py): pauses, the stall watch and partition progress;
-- commits (engine/commits.py): the committer port, commit timing and the broker's answers.
+- commits (engine/commits.py): the committer port, commit timing and the broker's answers;
+- rebalance (engine/rebalance.py): the order in which the parts let go of a partition.
 
 Calls go one way: controller -> parts -> ledger -> ``work/``. Parts that decide return what
 to do (a command for the poller, a commit to send, a report), and the controller does it.
@@ -57,6 +58,7 @@ from parallel_consumer.engine.dispatch import Dispatch
 from parallel_consumer.engine.ledger import Ledger
 from parallel_consumer.engine.letters import DeadLetters
 from parallel_consumer.engine.overdue import Overdue
+from parallel_consumer.engine.rebalance import Rebalance
 from parallel_consumer.engine.runs import RunDispatch
 from parallel_consumer.engine.watches import Watches
 from parallel_consumer.errors import InternalError, RetriesExhausted
@@ -72,7 +74,6 @@ from parallel_consumer.options import Options
 from parallel_consumer.produce import ProduceResult
 from parallel_consumer.runners.base import Handler, Runner
 from parallel_consumer.status import Lifecycle, PollerStatistics, Statistics, assemble_statistics
-from parallel_consumer.work.item import TopicPartition
 
 __all__ = ["Controller"]
 
@@ -157,6 +158,15 @@ class Controller:
             committer=committer,
             hooks=self._hooks,
             post=self.post,
+        )
+        self.rebalance = Rebalance(
+            clock=clock,
+            ledger=self.ledger,
+            delivery=self.delivery,
+            dispatch=self.dispatch,
+            runs=self.runs,
+            commits=self.commits,
+            hooks=self._hooks,
         )
         self._inbox: queue.SimpleQueue[ControllerEvent] = queue.SimpleQueue()
         self._thread = threading.Thread(
@@ -295,7 +305,7 @@ class Controller:
         if outputs is not None and outputs.backlog:
             outputs.pump()
         if self.delivery.gate is not None:
-            self._advance_transaction(now)
+            self.rebalance.advance_transaction(now)
         self._watch(now)
         if ledger.letters_due:
             self._write_due_letters()
@@ -366,18 +376,11 @@ class Controller:
         elif isinstance(event, CommitResult):
             self.commits.on_result(event.answers)
         elif isinstance(event, PartitionsAssigned):
-            for a in event.assignments:
-                self._forget(a.tp)
-            self.ledger.assign(event)
-            self._hooks.on_rebalance("assigned", [a.tp for a in event.assignments])
+            self.rebalance.assigned(event)
         elif isinstance(event, PartitionsRevoked):
-            self._on_revoked(event)
+            self.rebalance.revoked(event)
         elif isinstance(event, PartitionsLost):
-            for tp in event.tps:
-                self._forget(tp)
-            self.ledger.forget_history(event.tps)
-            self.delivery.lost()
-            self._hooks.on_rebalance("lost", event.tps)
+            self.rebalance.lost(event)
         elif isinstance(event, PositionsReached):
             self.ledger.positions(event)
         elif isinstance(event, Control):
@@ -397,77 +400,6 @@ class Controller:
         """Write the dead letters the ledger decided on."""
         for item, error, reason in self.ledger.take_letters_due():
             self.delivery.dead_letter(item, error, reason)
-
-    # -- rebalance ------------------------------------------------------------------------------
-
-    def _on_revoked(self, event: PartitionsRevoked) -> None:
-        """The poller waits inside its revoke callback until ``reply`` resolves, running the
-        commands it receives meanwhile: the final commit sent here reaches the broker before
-        the partitions are let go, and after every commit sent for them earlier.
-
-        Transactional mode: the revoked partitions' offsets must commit in the transaction
-        that holds their outputs, so the revoke waits for that transaction's commit (sent once
-        every output sent so far was acknowledged, see _advance_transaction)."""
-        if self.delivery.gate is not None:
-            self.delivery.revoke_later(event)
-            return
-        now = self._clock.monotonic()
-        final = []
-        for tp in event.tps:
-            state = self.ledger.partitions.get(tp)
-            if state is not None:
-                # What finished of its run, chains and bundles (whose reports would come too
-                # late) is settled, so that the final commit covers it; the calls of its
-                # chains not started must not start any more.
-                self.runs.settle_for_revoke(tp, state)
-                self.dispatch.recall_chains(tp)
-                self.dispatch.settle_bundled(tp)
-                commit = self.ledger.commits.final_for(state, now)
-                if commit is not None:
-                    final.append(commit)
-            self._forget(tp)
-        if final:
-            self.commits.send(final, final=True)
-        event.reply.set_result(None)
-        self._hooks.on_rebalance("revoked", event.tps)
-
-    def _forget(self, tp: TopicPartition) -> None:
-        """``tp`` is no longer ours: each part lets go of it, in this order."""
-        ledger = self.ledger
-        if tp in ledger.partitions:
-            # (its chains' calls not started never start: the partition is no longer ours)
-            self.dispatch.recall_chains(tp)
-        state = ledger.partitions.pop(tp, None)
-        if state is None:
-            return
-        self.runs.forget(tp)
-        if self.delivery.letters is not None:
-            self.delivery.letters.forget(tp)
-        ledger.forget(tp, state, [p.batch for p in self.delivery.pending])
-
-    # -- the transaction --------------------------------------------------------------------------
-
-    def _advance_transaction(self, now: float) -> None:
-        """Transactional mode: commit (or abort) when delivery says so, finish the revokes
-        that waited for it, and let held-back outputs go once the gate is open again."""
-        step = self.delivery.transaction_step(now)
-        if step is not None:
-            if step.abort:
-                self.commits.abort()
-            elif step.commits is not None:
-                self.commits.send(step.commits, final=step.final)
-            for event, epochs in step.revokes:
-                # The commit of their partitions was sent before this answer: the poller runs
-                # it inside its revoke callback, while they are still ours. (A partition
-                # assigned again since, after the poller gave up waiting, is not forgotten.)
-                for tp in event.tps:
-                    state = self.ledger.partitions.get(tp)
-                    if state is not None and state.epoch == epochs.get(tp):
-                        self._forget(tp)
-                self.ledger.forget_history(event.tps)
-                event.reply.set_result(None)
-                self._hooks.on_rebalance("revoked", event.tps)
-        self.delivery.send_held()
 
     # -- watches --------------------------------------------------------------------------------
 
