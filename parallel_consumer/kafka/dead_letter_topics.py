@@ -98,6 +98,17 @@ def prepare_topics(
         if target in known or target in missing:
             continue
         source_meta = known.get(source)
+        if source_meta is None and not source.startswith("^") and target == default_topic(source):
+            # A subscribed topic that does not exist (a typo?): its '<topic>.dlq' is not
+            # created, so a misspelled name leaves nothing behind in the cluster.
+            log.warning(
+                "subscribed topic %r does not exist: its dead-letter topic %r is not created "
+                "(a record of it that is dead-lettered waits until %r exists)",
+                source,
+                target,
+                target,
+            )
+            continue
         missing[target] = len(source_meta.partitions) if source_meta is not None else 1
     if not missing:
         return
