@@ -131,9 +131,7 @@ def test_a_failed_write_of_a_dead_letter_now_keeps_the_record_incomplete(stepped
     assert controller.statistics().partitions[0].incomplete == 0
 
 
-def test_a_subscribed_topic_that_does_not_exist_gets_no_dead_letter_topic(
-    harness, cluster, caplog
-):
+def test_a_subscribed_topic_that_does_not_exist_gets_no_dead_letter_topic(harness, cluster, caplog):
     # Given dead-lettering on, one real topic and one misspelled subscription
     cluster.create_topic("orders")
     with caplog.at_level("WARNING", logger="parallel_consumer"):
