@@ -1,9 +1,9 @@
-"""W4 of WORKLOADS.md: poll_and_produce over 1,000,000 records (the Java library's very-large-volume
+"""W4 (docs/benchmarks.md): poll_and_produce over 1,000,000 records (the Java library's large-volume
 test): 1 partition, unique keys, KEY order, one output per input, no sleep.
 
 Run: ``python benchmarks/produce_bench.py [--records 1000000] [--repeat 3] [--bootstrap ...]``.
 For each commit mode (asynchronous consumer commits, transactional producer) it reports the
-wall time on the WORKLOADS.md clock (first record handed to the handler -> the input's last
+wall time on the docs/benchmarks.md clock (first record handed to the handler -> the input's last
 offset committed and acknowledged), records/s and start-up; beside them, in the same run, the
 rate of a plain confluent-kafka producer loop writing the same records (the ceiling: no
 consuming, no engine). Every run checks its output: a ``read_committed`` reader must find each

@@ -1,17 +1,17 @@
 """Runner benchmark: workloads W1b (async, C=1000), W5 (CPU-bound: threads vs processes) and W6
-(async I/O fan-out, C=5000) of WORKLOADS.md on a real broker.
+(async I/O fan-out, C=5000) of docs/benchmarks.md on a real broker.
 
 Run: ``python benchmarks/runners_bench.py [--workload W1b|W5|W6|all] [--repeat 3] [--quick]``.
 It starts an embedded LocalKafka (or uses ``--bootstrap``), prints a line per row and writes a
 JSON file per invocation to ``benchmarks/results/``. ``--quick`` runs each row once on a few
 hundred records: a smoke test that the code runs, not a measurement.
 
-What is recorded, for every runner alike: the engine's hooks (on the controller thread) see
-each call dispatched and each call's outcome, so the records a handler finished are known even
-when it ran in another process. Clock (WORKLOADS.md): from the first dispatch to the moment the
-broker acknowledged the end offset of every partition; start-up is reported separately. Each run
-checks itself: every record finished, duplicates counted, per-key order verified (KEY runs at
-most one record per key at a time, so the order of successes per key is the processing order).
+What is recorded, for every runner alike: the engine's hooks (on the controller thread) see each
+call dispatched and each call's outcome, so the records a handler finished are known even when it
+ran in another process. Clock (docs/benchmarks.md): from the first dispatch to the moment the broker
+acknowledged the end offset of every partition; start-up is reported separately. Each run checks
+itself: every record finished, duplicates counted, per-key order verified (KEY runs at most one
+record per key at a time, so the order of successes per key is the processing order).
 
 Ideals use the service time ``t`` measured from the primitive actually used (``asyncio.sleep``
 rounds up to whole milliseconds; the CPU work is timed in this process before the runs):

@@ -29,6 +29,7 @@ from parallel_consumer.engine.letters import DeadLetters
 from parallel_consumer.errors import ConfigurationError, ParallelConsumerError
 from parallel_consumer.health import HealthReport
 from parallel_consumer.hooks import Hooks, guarded
+from parallel_consumer.kafka.client_log import ClientLog
 from parallel_consumer.kafka.committers import Committer, ConsumerCommitter, TransactionalCommitter
 from parallel_consumer.kafka.dead_letter_topics import dead_letter_topics, prepare_topics
 from parallel_consumer.kafka.poller import Poller, RebalanceCallback
@@ -301,7 +302,10 @@ class ParallelConsumer:
 
     def _start_outputs(self) -> Outputs:
         try:
-            producer = self._producer_factory(self._producer_config)
+            # (librdkafka's log and errors into logging, as for the consumer: no stderr flood)
+            servers = str(self._producer_config.get("bootstrap.servers"))
+            config = ClientLog(f"{self._name} producer", servers).configure(self._producer_config)
+            producer = self._producer_factory(config)
         except KafkaException as exc:
             raise ConfigurationError(f"invalid producer_config: {exc}") from exc
         outputs = Outputs(

@@ -62,6 +62,10 @@ class PollerStatistics:
     #: Seconds since the Kafka client reported every broker down or unreachable (None while
     #: one answers). ``health()`` is unhealthy once it passes ``BROKERS_DOWN_UNHEALTHY_AFTER``.
     brokers_down_for: float | None = None
+    #: Subscriptions (names or ``^regex``) that match no topic of the cluster.
+    missing_topics: tuple[str, ...] = ()
+    #: Seconds since no subscription matches any topic (None while one does).
+    missing_topics_for: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
-"""pc-bench: the benchmarks of WORKLOADS.md, inside the package (``pip install
-'parallel-consumer[bench]'``).
+"""pc-bench: the benchmarks of docs/benchmarks.md, inside the package (``pip install -e
+'.[bench]'`` in a clone).
 
 The folder is the design: ``workloads/`` (one module per workload: its rows), ``contestants/``
 (one module per way of consuming: this library, plain client loops, pyrallel-consumer, a share

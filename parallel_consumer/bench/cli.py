@@ -234,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except ImportError as exc:
         print(
-            f"pc-bench: {exc}; install the bench extra: pip install 'parallel-consumer[bench]'",
+            f"pc-bench: {exc}; install the bench extra: pip install -e '.[bench]' in a clone",
             file=sys.stderr,
         )
         return 1

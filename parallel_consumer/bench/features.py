@@ -63,7 +63,7 @@ def uvloop_missing() -> str | None:
     try:
         import uvloop  # noqa: F401
     except ImportError:
-        return "uvloop is not installed (pip install 'parallel-consumer[uvloop]')"
+        return "uvloop is not installed (pip install -e '.[uvloop]' in a clone)"
     return None
 
 

@@ -1,9 +1,9 @@
-"""Turn an observation into figures on the WORKLOADS.md clock, and check it: pure functions.
+"""Turn an observation into figures on the docs/benchmarks.md clock, and check it: pure functions.
 
 The clock runs from the first record handed to the handler to the moment the broker acknowledged
 the commit of the last offset of every partition; start-up (group join, first fetch) is reported
 apart. The ideal of a row is computed from the service times the handler measured, so the
-overshoot of the sleep primitive counts as work, not as framework overhead (WORKLOADS.md):
+overshoot of the sleep primitive counts as work, not as framework overhead (docs/benchmarks.md):
 
 * UNORDERED: ``S / C``
 * KEY: ``max(max_key S_key, S / min(C, keys))``
@@ -103,7 +103,7 @@ def ideal_time(log: Sequence[LogEntry], ordering: Ordering, concurrency: int) ->
 
 
 def cpu_ideal(row: Row, records: int) -> float:
-    """CPU-bound rows: the work spread over the cores (WORKLOADS.md's ``N·cpu/cores``). Measured
+    """CPU-bound rows: the work spread over the cores (``N·cpu/cores``). Measured
     service times would not do: under the GIL a thread's record takes longer than its work."""
     usable = min(row.concurrency, os.cpu_count() or 1)
     return records * row.work.ms / 1000 / usable

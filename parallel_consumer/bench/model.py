@@ -2,8 +2,8 @@
 
 A *workload* (``workloads/``) is a list of :class:`Row` s; a *contestant* (``contestants/``) runs
 one row on a topic and returns an :class:`Observation`; ``measure`` turns the observation into
-figures on the WORKLOADS.md clock. Times are epoch seconds (``time.time()``) so that a contestant
-in another process (the Java harness) reports on the same clock.
+figures on the docs/benchmarks.md clock. Times are epoch seconds (``time.time()``) so that a
+contestant in another process (the Java harness) reports on the same clock.
 """
 
 from __future__ import annotations

@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 found = connector_jars()
             except ImportError as exc:
                 print(
-                    f"pc: {exc}; install the spark extra: pip install 'parallel-consumer[spark]'",
+                    f"pc: {exc}; install the spark extra: pip install -e '.[spark]' in a clone",
                     file=sys.stderr,
                 )
                 return 1

@@ -16,6 +16,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from parallel_consumer.dead_letter import default_topic
 from parallel_consumer.errors import ConfigurationError
+from parallel_consumer.kafka.client_log import ClientLog
 from parallel_consumer.options import Options
 
 __all__ = ["ADMIN_TIMEOUT", "admin_config", "dead_letter_topics", "prepare_topics"]
@@ -85,7 +86,9 @@ def prepare_topics(
     partitions as their input topic (and the broker's default replication). Raises a
     ConfigurationError naming the topic when one is missing and cannot be created."""
     try:
-        admin = admin_factory(admin_config(config))
+        settings = admin_config(config)
+        servers = str(settings.get("bootstrap.servers"))
+        admin = admin_factory(ClientLog("dead-letter admin", servers).configure(settings))
         metadata = admin.list_topics(timeout=ADMIN_TIMEOUT)
     except Exception as exc:
         raise ConfigurationError(
@@ -98,6 +101,17 @@ def prepare_topics(
         if target in known or target in missing:
             continue
         source_meta = known.get(source)
+        if source_meta is None and not source.startswith("^") and target == default_topic(source):
+            # A subscribed topic that does not exist (a typo?): its '<topic>.dlq' is not
+            # created, so a misspelled name leaves nothing behind in the cluster.
+            log.warning(
+                "subscribed topic %r does not exist: its dead-letter topic %r is not created "
+                "(a record of it that is dead-lettered waits until %r exists)",
+                source,
+                target,
+                target,
+            )
+            continue
         missing[target] = len(source_meta.partitions) if source_meta is not None else 1
     if not missing:
         return

@@ -57,6 +57,7 @@ from parallel_consumer.kafka.client_offsets import CommitClient
 from parallel_consumer.kafka.client_pauses import ClientPauses
 from parallel_consumer.kafka.committed_reader import CommittedReader
 from parallel_consumer.kafka.producer import Outputs
+from parallel_consumer.kafka.topic_check import MissingTopics
 from parallel_consumer.kafka.transactions import Transactions
 from parallel_consumer.status import PollerStatistics
 from parallel_consumer.work.credit import Credit
@@ -129,6 +130,8 @@ class Poller:
             CommittedReader(config, name=name) if isinstance(self._consumer, Consumer) else None
         )
         self._subscription: list[str] = []
+        #: Subscriptions that match no topic of the cluster (a typo looks like an idle consumer).
+        self._missing = MissingTopics(())
         self._probe_topic: str | None = None
         self._post = post
         self._fetch_batch = fetch_batch
@@ -163,6 +166,7 @@ class Poller:
     ) -> None:
         """Set what to subscribe to once started (before :meth:`start`)."""
         self._subscription = topics
+        self._missing = MissingTopics(topics)
         #: What a probe for a broker asks metadata of (see ClientLog.probe): one topic, not all.
         self._probe_topic = next((t for t in topics if not t.startswith("^")), None)
         self._user_on_assign = on_assign
@@ -210,6 +214,8 @@ class Poller:
             commit_unanswered_for=None if commit_sent is None else now - commit_sent,
             commits_queued=queued,
             brokers_down_for=None if down_since is None else now - down_since,
+            missing_topics=(missing := self._missing).missing,
+            missing_topics_for=None if missing.since is None else now - missing.since,
         )
 
     # -- the poller thread --------------------------------------------------------------------
@@ -257,6 +263,7 @@ class Poller:
                     continue
                 self._apply_pauses()
                 self._client_log.probe(consumer, self._probe_topic)
+                self._missing.check(consumer, time.monotonic())
                 self._last_poll = time.monotonic()
                 busy = self._commits.requests.waiting or (
                     credit.held and self._last_poll < self._busy_until

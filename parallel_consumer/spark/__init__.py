@@ -1,7 +1,7 @@
 """Run ``poll_and_produce`` handlers on Spark (PySpark): the same handler, ordering, retry policy
 and dead-letter records as the engine, for heavy pipelines and backfills. See docs/spark.md.
 
-Needs the ``spark`` extra (``pip install 'parallel-consumer[spark]'``); importing this package
+Needs the ``spark`` extra (``pip install -e '.[spark]' in a clone``); importing this package
 does not import pyspark (the core in :mod:`parallel_consumer.spark._core` runs without it).
 """
 

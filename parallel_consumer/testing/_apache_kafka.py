@@ -37,7 +37,7 @@ DEFAULT_KAFKA_VERSION = "4.3.1"
 
 _INSTALL_JAVA = (
     "Install a Java 17+ runtime (e.g. `apt-get install openjdk-17-jre-headless`), "
-    "or use backend='tansu' (pip install 'parallel-consumer[tansu]')."
+    "or use backend='tansu' (pip install -e '.[tansu]' in a clone)."
 )
 
 
@@ -82,7 +82,7 @@ def resolve_jars(version: str = DEFAULT_KAFKA_VERSION, *, timeout: float = 900.0
             f"Maven (mvn) was not found on PATH, and Kafka {version}'s jars are not cached in "
             f"{target}. Install Maven (e.g. `apt-get install maven`) so LocalKafka can resolve "
             "them from Maven Central once, or use backend='tansu' "
-            "(pip install 'parallel-consumer[tansu]')."
+            "(pip install -e '.[tansu]' in a clone)."
         )
     with locked(target.parent / ".resolve.lock"):
         if is_resolved(version):

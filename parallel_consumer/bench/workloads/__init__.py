@@ -1,4 +1,4 @@
-"""The workload registry (WORKLOADS.md): one module per workload, each a :class:`Workload`.
+"""The workload registry (docs/benchmarks.md): one module per workload, each a :class:`Workload`.
 
 Adding a workload is one module defining ``WORKLOAD`` and one line in :data:`WORKLOADS`.
 """

@@ -10,7 +10,7 @@ from parallel_consumer.bench.model import Row
 
 __all__ = ["Scale", "Workload"]
 
-#: ``full``: the WORKLOADS.md parameters; ``quick``: the README's run (minutes);
+#: ``full``: the docs/benchmarks.md parameters; ``quick``: the README's run (minutes);
 #: ``tiny``: seconds, for tests.
 Scale = Literal["full", "quick", "tiny"]
 

@@ -129,3 +129,16 @@ def test_a_failed_write_of_a_dead_letter_now_keeps_the_record_incomplete(stepped
     _step_until(controller, lambda: controller.statistics().records_dead_lettered == 1)
     assert len(runner.submitted) == 1
     assert controller.statistics().partitions[0].incomplete == 0
+
+
+def test_a_subscribed_topic_that_does_not_exist_gets_no_dead_letter_topic(harness, cluster, caplog):
+    # Given dead-lettering on, one real topic and one misspelled subscription
+    cluster.create_topic("orders")
+    with caplog.at_level("WARNING", logger="parallel_consumer"):
+        pc = harness.make(Options(max_retries=1), topics=("orders", "ordres"))
+        pc.poll(lambda ctx: None)
+        pc.close()
+    # Then only the real topic's dead-letter topic was created, and the typo is named
+    assert "orders.dlq" in cluster._topics()
+    assert "ordres.dlq" not in cluster._topics()
+    assert "subscribed topic 'ordres' does not exist" in caplog.text
