@@ -17,12 +17,21 @@ from parallel_consumer.work.partitions import PartitionState
 from parallel_consumer.work.progress import ProgressWatch, Stall
 from parallel_consumer.work.runs import Run
 
-__all__ = ["BROKERS_DOWN_UNHEALTHY_AFTER", "HealthReport", "PartitionHealth", "PartitionStall"]
+__all__ = [
+    "BROKERS_DOWN_UNHEALTHY_AFTER",
+    "MISSING_TOPICS_UNHEALTHY_AFTER",
+    "HealthReport",
+    "PartitionHealth",
+    "PartitionStall",
+]
 
 #: Seconds every broker may be down or unreachable (as the Kafka client reports it) before
 #: ``health()`` is unhealthy: long enough for a broker restart or a leader election, short
 #: enough for a liveness probe to notice a consumer that cannot reach Kafka at all.
 BROKERS_DOWN_UNHEALTHY_AFTER = 15.0
+#: Seconds a subscription may match no topic at all before ``health()`` is unhealthy: a new
+#: topic being created by a deployment step has time to appear; a typo does not go unnoticed.
+MISSING_TOPICS_UNHEALTHY_AFTER = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +106,9 @@ class HealthReport:
     #: Seconds since the Kafka client reported every broker down or unreachable (None while
     #: one answers); unhealthy from ``BROKERS_DOWN_UNHEALTHY_AFTER`` on.
     brokers_down_for: float | None = None
+    #: Subscriptions (names or ``^regex``) that match no topic of the cluster; unhealthy once
+    #: no subscription has matched any for ``MISSING_TOPICS_UNHEALTHY_AFTER`` seconds.
+    missing_topics: tuple[str, ...] = ()
 
 
 def partition_health(
@@ -177,6 +189,8 @@ def health_report(
     stall_threshold: float | None,
     failure: BaseException | None,
     brokers_down_for: float | None = None,
+    missing_topics: tuple[str, ...] = (),
+    missing_topics_for: float | None = None,
 ) -> HealthReport:
     """Assemble a report and say why it is unhealthy (pure)."""
     reasons = []
@@ -186,6 +200,11 @@ def health_report(
         reasons.append(
             f"every Kafka broker down or unreachable for {brokers_down_for:.1f}s (see the "
             "WARNING logged when it started)"
+        )
+    if missing_topics_for is not None and missing_topics_for >= MISSING_TOPICS_UNHEALTHY_AFTER:
+        reasons.append(
+            f"the subscription matches no topic for {missing_topics_for:.1f}s: "
+            f"{', '.join(repr(t) for t in missing_topics)} (a typo, or not created yet?)"
         )
     if lifecycle in (Lifecycle.CLOSING, Lifecycle.CLOSED):
         reasons.append(f"lifecycle is {lifecycle.name}")
@@ -212,4 +231,5 @@ def health_report(
         reasons=tuple(reasons),
         failure=None if failure is None else repr(failure),
         brokers_down_for=brokers_down_for,
+        missing_topics=missing_topics,
     )

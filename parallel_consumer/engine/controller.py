@@ -51,29 +51,19 @@ from parallel_consumer._events import (
     WorkDone,
     WorkDoneMany,
 )
+from parallel_consumer.engine import views
 from parallel_consumer.engine.closing import STOP_TIMEOUT, Closing, Step
-from parallel_consumer.engine.commits import Commits
-from parallel_consumer.engine.delivery import Delivery
-from parallel_consumer.engine.dispatch import Dispatch
-from parallel_consumer.engine.ledger import Ledger
 from parallel_consumer.engine.letters import DeadLetters
-from parallel_consumer.engine.overdue import Overdue
-from parallel_consumer.engine.rebalance import Rebalance
-from parallel_consumer.engine.runs import RunDispatch
-from parallel_consumer.engine.watches import Watches
+from parallel_consumer.engine.parts import Parts
 from parallel_consumer.errors import InternalError, RetriesExhausted
-from parallel_consumer.health import (
-    HealthReport,
-    health_report,
-    partition_health,
-)
+from parallel_consumer.health import HealthReport
 from parallel_consumer.hooks import CallSampling, Hooks, NoHooks, active_hooks
 from parallel_consumer.kafka.committers import Committer
 from parallel_consumer.kafka.producer import Outputs
 from parallel_consumer.options import Options
 from parallel_consumer.produce import ProduceResult
 from parallel_consumer.runners.base import Handler, Runner
-from parallel_consumer.status import Lifecycle, PollerStatistics, Statistics, assemble_statistics
+from parallel_consumer.status import Lifecycle, PollerStatistics, Statistics
 
 __all__ = ["Controller"]
 
@@ -115,59 +105,25 @@ class Controller:
         self._hooks = hooks or NoHooks()
         active = active_hooks(self._hooks)
         self._per_call_hooks = bool(active & PER_CALL_HOOKS)
-        # -- the parts (controller thread only) --
-        self.ledger = Ledger(options, clock, self._hooks)
-        self.ledger.on_success = self._hooks.on_success if "on_success" in active else None
-        self.delivery = Delivery(self.ledger, clock, options.ordering, self._hooks)
-        self.dispatch = Dispatch(
+        # -- the parts (controller thread only; engine/parts.py wires them) --
+        parts = Parts.build(
             options,
             clock=clock,
-            ledger=self.ledger,
-            delivery=self.delivery,
             runner=runner,
+            committer=committer,
             hooks=self._hooks,
             active=active,
             sampling=sampling,
             post=self.post,
         )
-        self.runs = RunDispatch(
-            options,
-            clock=clock,
-            ledger=self.ledger,
-            delivery=self.delivery,
-            dispatch=self.dispatch,
-        )
-        self.overdue = Overdue(
-            options,
-            ledger=self.ledger,
-            delivery=self.delivery,
-            dispatch=self.dispatch,
-            runs=self.runs,
-            hooks=self._hooks,
-        )
-        self.watches = Watches(
-            options,
-            ledger=self.ledger,
-            delivery=self.delivery,
-            dispatch=self.dispatch,
-            runs=self.runs,
-        )
-        self.commits = Commits(
-            ledger=self.ledger,
-            delivery=self.delivery,
-            committer=committer,
-            hooks=self._hooks,
-            post=self.post,
-        )
-        self.rebalance = Rebalance(
-            clock=clock,
-            ledger=self.ledger,
-            delivery=self.delivery,
-            dispatch=self.dispatch,
-            runs=self.runs,
-            commits=self.commits,
-            hooks=self._hooks,
-        )
+        self.ledger = parts.ledger
+        self.delivery = parts.delivery
+        self.dispatch = parts.dispatch
+        self.runs = parts.runs
+        self.overdue = parts.overdue
+        self.watches = parts.watches
+        self.commits = parts.commits
+        self.rebalance = parts.rebalance
         self._inbox: queue.SimpleQueue[ControllerEvent] = queue.SimpleQueue()
         self._thread = threading.Thread(
             target=self._run, name=f"{name or options.name}-controller", daemon=True
@@ -459,17 +415,9 @@ class Controller:
             event.reply.set_exception(ValueError(f"unknown control action {action!r}"))
 
     def _stop_dispatching(self) -> None:
-        """Close without drain: records not started stay for the partition's next owner."""
+        """Close without drain: records not started stay for the partitions' next owner."""
         self.lifecycle = Lifecycle.CLOSING
-        ledger = self.ledger
-        self.runs.stop()
-        for tp in list(ledger.partitions):
-            ledger.to_release += ledger.shards.remove_partition(tp)
-            self.runs.drop_queued(tp)
-        for batch_id in self._runner.cancel_queued():
-            batch = self.dispatch.take_back(batch_id)
-            if batch is not None:
-                ledger.to_release += len(batch.items)
+        self.rebalance.drop_unstarted()
 
     def _close_step(self, now: float) -> bool:
         """Carry out the close's next step; True when the controller may stop."""
@@ -540,43 +488,26 @@ class Controller:
 
     def health(self) -> HealthReport:
         """The progress report of ``pc.health()`` (on the controller thread)."""
-        ledger = self.ledger
-        return health_report(
+        return views.health(
             self.lifecycle,
-            partitions=partition_health(
-                ledger.partitions.values(),
-                progress=ledger.progress,
-                in_flight=ledger.in_flight,
-                runs=self.runs.runs,
-                waiting=ledger.shards.waiting_by_tp,
-                blocked=ledger.commits.blocked,
-                now=self._clock.monotonic(),
-            ),
-            dead_letter_failures=ledger.counters.dead_letter_failures,
-            deadline_exceeded=ledger.counters.deadline_exceeded,
-            overrunning_calls=self.dispatch.deadlines.overruns,
-            stall_threshold=self._options.stall_threshold,
+            ledger=self.ledger,
+            dispatch=self.dispatch,
+            runs=self.runs,
+            poller=self._poller.statistics(),
+            options=self._options,
             failure=self._failure,
-            brokers_down_for=self._poller.statistics().brokers_down_for,
+            now=self._clock.monotonic(),
         )
 
     def statistics(self) -> Statistics:
-        ledger = self.ledger
-        return assemble_statistics(
+        return views.statistics(
             self.lifecycle,
-            counters=ledger.counters,
-            shards=ledger.shards,
-            in_flight=ledger.in_flight,
-            delivering=self.delivery.pending.records,
-            retries=len(ledger.retries),
-            pauses=self.watches.pauses,
-            commits=ledger.commits,
-            partitions=ledger.partitions.values(),
+            ledger=self.ledger,
+            delivery=self.delivery,
+            dispatch=self.dispatch,
+            runs=self.runs,
+            watches=self.watches,
             poller=self._poller.statistics(),
-            overrunning_calls=self.dispatch.deadlines.overruns,
-            chunk_size=self.dispatch.chunk_size,
-            totals=ledger.totals,
-            runs_out=self.runs.runs.records_out,
         )
 
     def __repr__(self) -> str:

@@ -87,6 +87,19 @@ class Rebalance:
         event.reply.set_result(None)
         self._hooks.on_rebalance("revoked", event.tps)
 
+    def drop_unstarted(self) -> None:
+        """A close without drain: every record not started yet leaves the engine (released,
+        uncommitted) for the partitions' next owner; runs out are taken back."""
+        ledger = self._ledger
+        self._runs.stop()
+        for tp in list(ledger.partitions):
+            ledger.to_release += ledger.shards.remove_partition(tp)
+            self._runs.drop_queued(tp)
+        for batch_id in self._dispatch.runner.cancel_queued():
+            batch = self._dispatch.take_back(batch_id)
+            if batch is not None:
+                ledger.to_release += len(batch.items)
+
     def forget(self, tp: TopicPartition) -> None:
         """``tp`` is no longer ours: each part lets go of it, in this order."""
         ledger = self._ledger

@@ -270,3 +270,26 @@ def test_on_stall_dead_letter_takes_a_record_waiting_for_its_retry(
     assert pc.statistics().retry_waiting == 0
     assert attempts == [0]
     assert pc.statistics().deadline_exceeded == 0
+
+
+def test_a_subscription_that_matches_no_topic_makes_health_unhealthy_after_the_bound(
+    harness, cluster, wait_until, monkeypatch, caplog
+):
+    # Given a consumer subscribed to a misspelled topic only (the bound lowered for the test)
+    monkeypatch.setattr("parallel_consumer.health.MISSING_TOPICS_UNHEALTHY_AFTER", 0.2)
+    cluster.create_topic("orders")
+    with caplog.at_level(logging.WARNING, logger="parallel_consumer"):
+        pc = harness.make(Options(), topics=("ordres",))
+        pc.poll(lambda ctx: None)
+        # Then health() says so once the bound has passed, and one WARNING named it
+        wait_until(lambda: not pc.health().healthy, what="unhealthy")
+    report = pc.health()
+    assert report.missing_topics == ("ordres",)
+    assert any("matches no topic" in reason and "'ordres'" in reason for reason in report.reasons)
+    assert caplog.text.count("'ordres' does not exist") == 1
+    # And when the topic appears, the consumer is healthy again
+    monkeypatch.setattr("parallel_consumer.kafka.topic_check.CHECK_EVERY", 0.05)
+    cluster.create_topic("ordres")
+    pc._poller._missing._next_check = 0.0  # (the next check comes at once, not in 5 s)
+    wait_until(lambda: pc.health().healthy, what="healthy again")
+    pc.close()
