@@ -26,6 +26,7 @@ __all__ = [
     "counts_as_attempt",
     "decide",
     "exhausted_decision",
+    "failed_attempts",
 ]
 
 log = logging.getLogger("parallel_consumer")
@@ -115,6 +116,11 @@ def counts_as_attempt(error: BaseException, options: Options) -> bool:
     return not (isinstance(error, DeadLetter) and options.dead_lettering)
 
 
+def failed_attempts(count: int) -> str:
+    """``"1 failed attempt"``, ``"3 failed attempts"``: for log lines and messages."""
+    return f"{count} failed attempt{'' if count == 1 else 's'}"
+
+
 def exhausted_decision(
     reason: str,
     error: BaseException,
@@ -148,11 +154,11 @@ def exhausted_decision(
                     policy.name,
                 )
     if policy is OnExhausted.SKIP:
-        return SkipNow(f"skipped ({reason})", exhausted=True)
+        return SkipNow(reason, exhausted=True)
     if policy is OnExhausted.STOP:
         return StopNow(
             f"{record.topic}[{record.partition}]@{record.offset} failed for good ({reason}, "
-            f"{record.attempts} failed attempts) and on_retries_exhausted is STOP: {error!r}",
+            f"{failed_attempts(record.attempts)}) and on_retries_exhausted is STOP: {error!r}",
             exhausted=True,
         )
     if not options.dead_lettering and finished_at is not None:
