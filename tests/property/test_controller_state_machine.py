@@ -43,7 +43,7 @@ from parallel_consumer.dead_letter import read_dead_letter
 from parallel_consumer.engine.controller import Controller
 from parallel_consumer.engine.letters import DeadLetters
 from parallel_consumer.errors import ProduceError
-from parallel_consumer.kafka.committers import ConsumerCommitter
+from parallel_consumer.kafka.committers import Committer, ConsumerCommitter
 from parallel_consumer.offsets import decode_offset_map
 from parallel_consumer.options import Options, ProcessingOrder
 from parallel_consumer.produce import ProducerRecord
@@ -300,6 +300,9 @@ class ControllerMachine(RuleBasedStateMachine):
     #: A poll_and_produce handler: each successful call returns an output per record, and
     #: a record is done once its outputs are acknowledged (rule settle_outputs).
     produce = False
+    #: Exactly-once: outputs, dead letters and offsets commit in one transaction (see
+    #: test_engine_transactions.py).
+    transactional = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -329,12 +332,13 @@ class ControllerMachine(RuleBasedStateMachine):
             self.options,
             runner=self.runner,
             poller=self.poller,
-            committer=ConsumerCommitter(self.poller, self.options.commit_mode),
+            committer=self.committer(),
             clock=self.clock,
         )
         # (the time per call follows real time; here the machine's clock)
         self.controller.dispatch.service_clock = self.clock.monotonic
         self.outputs = FakeOutputs(lambda tp: self.epoch.get(tp))
+        self.outputs.transactional = self.transactional
         self.controller.start(
             lambda ctx: None,
             thread=False,
@@ -363,6 +367,9 @@ class ControllerMachine(RuleBasedStateMachine):
         self.committed: dict[tuple[str, int], tuple[int, str]] = {}
 
     # -- helpers --
+
+    def committer(self) -> Committer:
+        return ConsumerCommitter(self.poller, self.options.commit_mode)
 
     def check_lane_head(
         self, tp: tuple[str, int], offset: int, lane: object, epoch: int | None
