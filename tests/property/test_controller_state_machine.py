@@ -45,7 +45,7 @@ from parallel_consumer.engine.letters import DeadLetters
 from parallel_consumer.errors import ProduceError
 from parallel_consumer.kafka.committers import Committer, ConsumerCommitter
 from parallel_consumer.offsets import decode_offset_map
-from parallel_consumer.options import Options, ProcessingOrder
+from parallel_consumer.options import Options, ProcessingOrder, StallPolicy
 from parallel_consumer.produce import ProducerRecord
 from parallel_consumer.runners.base import RunnerFeatures
 from parallel_consumer.status import PollerStatistics
@@ -303,6 +303,9 @@ class ControllerMachine(RuleBasedStateMachine):
     #: Exactly-once: outputs, dead letters and offsets commit in one transaction (see
     #: test_engine_transactions.py).
     transactional = False
+    #: Options.stall_threshold and on_stall (see test_engine_stall_policy.py).
+    stall_threshold: float | None = 60.0
+    on_stall = StallPolicy.WARN
 
     def __init__(self) -> None:
         super().__init__()
@@ -319,6 +322,8 @@ class ControllerMachine(RuleBasedStateMachine):
             max_metadata_bytes=64,  # small, so the "blocked" path is exercised too
             max_buffered_records=24,  # small, so the credit bound is reached often
             processing_timeout=self.processing_timeout,
+            stall_threshold=self.stall_threshold,
+            on_stall=self.on_stall,
         )
         ControllerMachine.current_ordering = self.ordering
         runner_class = FakeChainRunner if self.chains else FakeRunner
@@ -817,7 +822,12 @@ class ControllerMachine(RuleBasedStateMachine):
                 lanes[lane] = lanes.get(lane, 0) + 1
         # A chain holds the lane of its calls not finished (one lane: they run in turn).
         for chain in getattr(self.runner, "chains", ()):
-            held = {lane for _, records in chain["calls"] for _, _, lane, _ in records}
+            held = {
+                lane
+                for batch, records in chain["calls"]
+                if not self.overrun(batch)  # (abandoned, as above)
+                for _, _, lane, _ in records
+            }
             for lane in held:
                 lanes[lane] = lanes.get(lane, 0) + 1
         if self.ordering is not ProcessingOrder.UNORDERED:
