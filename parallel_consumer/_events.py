@@ -168,7 +168,9 @@ class RunDone:
     the next one failed with ``error`` (None: none failed; the rest was taken back, or the
     runner stopped). ``service`` is the mean time per call the worker measured; ``samples``
     are ``(index, seconds)`` of the calls it timed for metrics (``Run.timed``): the first, and
-    every one longer than ``slow_after``."""
+    every one longer than ``slow_after``. A batched run (``Run.batched``) counts records in
+    ``ok`` and ``service``; ``errors`` are then the outcomes of the records of the batch that
+    failed (``ok`` is its first), ``error`` the first of them."""
 
     run: Run
     ok: int
@@ -176,6 +178,7 @@ class RunDone:
     finished_at: float
     service: float
     samples: tuple[tuple[int, float], ...] = ()
+    errors: tuple[BaseException | None, ...] | None = None
 
 
 # -- producer -> controller -------------------------------------------------------------------

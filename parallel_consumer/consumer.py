@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import signal
 import sys
 import time
@@ -54,6 +55,8 @@ OnProduced = Callable[[ProduceResult], object]
 
 _instances = itertools.count(1)
 _REQUEST_TIMEOUT = 10.0
+#: The longest close timeout taken as given (a year): a larger one means "as long as it takes".
+_LONGEST_CLOSE = 365 * 24 * 3600.0
 
 
 def _telemetry(given: Telemetry | bool | None) -> Telemetry | None:
@@ -304,7 +307,8 @@ class ParallelConsumer:
         try:
             # (librdkafka's log and errors into logging, as for the consumer: no stderr flood)
             servers = str(self._producer_config.get("bootstrap.servers"))
-            config = ClientLog(f"{self._name} producer", servers).configure(self._producer_config)
+            said = ClientLog(f"{self._name} producer", servers, reports_health=False)
+            config = said.configure(self._producer_config)
             producer = self._producer_factory(config)
         except KafkaException as exc:
             raise ConfigurationError(f"invalid producer_config: {exc}") from exc
@@ -399,8 +403,7 @@ class ParallelConsumer:
         An interrupt (Ctrl-C) while waiting closes fast instead of raising: calls still running
         are abandoned (processed again later) and what finished is committed.
         """
-        if timeout is None:
-            timeout = self._options.shutdown_timeout
+        timeout = self._close_timeout(timeout)
         if self.lifecycle is Lifecycle.NEW:
             self._poller.close_unstarted()
             self._controller.lifecycle = Lifecycle.CLOSED
@@ -444,8 +447,7 @@ class ParallelConsumer:
                 "run() needs a handler: register one with @pc.poll or @pc.poll_and_produce "
                 "(after subscribe()) first"
             )
-        if timeout is None:
-            timeout = self._options.shutdown_timeout
+        timeout = self._close_timeout(timeout)
         close_timeout = timeout
 
         def on_signal(signum: int, count: int) -> None:
@@ -461,12 +463,36 @@ class ParallelConsumer:
                 )
                 self._request_close(drain=False, timeout=0.0)
 
+        interrupts = 0
         try:
             with StopSignals(on_signal, install=handle_signals):
-                while not self.wait(0.5):
-                    pass
+                while True:
+                    try:
+                        if self.wait(0.5):
+                            break
+                    except KeyboardInterrupt:
+                        # (no handler of ours: handle_signals=False, or another thread's
+                        # signal set-up) Ctrl-C closes as the signals above do.
+                        interrupts += 1
+                        on_signal(signal.SIGINT, interrupts)
         finally:
             self._closed()
+
+    def _close_timeout(self, timeout: float | None) -> float:
+        if timeout is None:
+            return self._options.shutdown_timeout
+        if (
+            not isinstance(timeout, int | float)
+            or isinstance(timeout, bool)
+            or not math.isfinite(timeout)
+            or timeout < 0
+        ):
+            raise ValueError(
+                f"the close timeout must be finite seconds >= 0, got {timeout!r}: calls still "
+                "running past it are abandoned (processed again later), never waited for forever"
+            )
+        # (a wait far longer than any deployment allows: beyond what a lock's timeout can take)
+        return float(min(timeout, _LONGEST_CLOSE))
 
     def _request_close(self, *, drain: bool, timeout: float) -> None:
         """Ask the controller to close (or to close sooner, if closing already): never blocks,

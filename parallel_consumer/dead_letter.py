@@ -62,9 +62,10 @@ ERROR_TYPE = "pc.dlq.error.type"
 #: ``str()`` of the last error, cut to :data:`ERROR_MESSAGE_LIMIT` characters (its type's
 #: qualified name when ``str()`` raises).
 ERROR_MESSAGE = "pc.dlq.error.message"
-#: The last error's traceback as Python prints it (the innermost frames, cut to
-#: :data:`ERROR_STACKTRACE_LIMIT` characters from the start); empty when it has none (an error
-#: that crossed a process boundary, or one never raised).
+#: The last error's traceback as Python prints it; a longer one than
+#: :data:`ERROR_STACKTRACE_LIMIT` characters keeps its end (the innermost frames and the error
+#: line); a worker process of ``runner="process"`` sends it back as text. Empty when the error
+#: was never raised.
 ERROR_STACKTRACE = "pc.dlq.error.stacktrace"
 FIRST_FAILURE_AT = "pc.dlq.first.failure.at"
 LAST_FAILURE_AT = "pc.dlq.last.failure.at"
@@ -145,11 +146,16 @@ def _stacktrace(error: BaseException) -> str:
     """``error``'s traceback (with its causes) as Python prints it, its end kept within
     :data:`ERROR_STACKTRACE_LIMIT`; empty when it was never raised here."""
     if error.__traceback__ is None:
-        return ""
-    try:
-        text = "".join(traceback.format_exception(error))
-    except BaseException:  # an odd __str__ inside the chain must not stop the write
-        return ""
+        # (an error from a worker process of runner="process" brings its traceback as text)
+        remote = getattr(error, "_pc_remote_traceback", None) or getattr(
+            error, "remote_traceback", None
+        )
+        text = remote if isinstance(remote, str) else ""
+    else:
+        try:
+            text = "".join(traceback.format_exception(error))
+        except BaseException:  # an odd __str__ inside the chain must not stop the write
+            return ""
     if len(text) <= ERROR_STACKTRACE_LIMIT:
         return text
     return "..." + text[-(ERROR_STACKTRACE_LIMIT - 3) :]

@@ -305,6 +305,11 @@ class Options:
             "value_serializer",
         ):
             value = getattr(self, codec)
+            if isinstance(value, type):
+                raise ConfigurationError(
+                    f"Options.{codec} is the class {value.__name__}: pass an instance, "
+                    f"{value.__name__}(...)"
+                )
             if value is not None and not callable(value):
                 raise ConfigurationError(
                     f"Options.{codec} must be a callable (data, SerializationContext) -> object, "

@@ -75,6 +75,10 @@ class ProducerRecord:
     key: Any = None
     headers: HeaderList = field(default_factory=list)
     partition: int | None = None
+    #: A str key / value as given, for ``Options.key_serializer`` / ``value_serializer``
+    #: (``key`` and ``value`` hold its UTF-8 bytes, for everything else).
+    _key_text: str | None = field(default=None, init=False, repr=False, compare=False)
+    _value_text: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __init__(
         self,
@@ -94,6 +98,8 @@ class ProducerRecord:
         setattr_(self, "topic", topic)
         setattr_(self, "value", _as_payload(value))
         setattr_(self, "key", _as_payload(key))
+        setattr_(self, "_value_text", value if isinstance(value, str) else None)
+        setattr_(self, "_key_text", key if isinstance(key, str) else None)
         setattr_(self, "headers", _headers(headers))
         setattr_(self, "partition", partition)
 

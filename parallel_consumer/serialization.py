@@ -42,8 +42,10 @@ class DecodedRecord(RecordContext):
     __slots__ = ("_key", "_value")
 
     def __init__(self, record: RecordContext, key: Any, value: Any) -> None:
+        # (the record's own message: in a worker process of runner="process" its ``message``
+        # property refuses to hand it out, but topic, offset and the rest read through it)
         super().__init__(
-            record.message, record.attempts, record.last_failure, record.last_failure_at
+            record._message, record.attempts, record.last_failure, record.last_failure_at
         )
         self._key = key
         self._value = value
@@ -76,11 +78,10 @@ class Codecs:
 
     def decode(self, record: RecordContext) -> DecodedRecord:
         """``record`` with its key and value deserialized (SerializationError otherwise)."""
-        message = record.message
-        topic = message.topic()
-        headers = message.headers()
-        key = message.key()
-        value = message.value()
+        topic = record.topic
+        headers = record.headers
+        key = record.raw_key
+        value = record.raw_value
         if self.key_deserializer is not None:
             key = _run(self.key_deserializer, key, topic, MessageField.KEY, headers, record, "key")
         if self.value_deserializer is not None:
@@ -90,28 +91,20 @@ class Codecs:
         return DecodedRecord(record, key, value)
 
     def encode(self, output: ProducerRecord) -> ProducerRecord:
-        """``output`` with a key and value that are not bytes serialized for its topic."""
-        key, value = output.key, output.value
-        if self.key_serializer is not None and not _is_raw(key):
-            key = _run(
-                self.key_serializer,
-                key,
-                output.topic,
-                MessageField.KEY,
-                output.headers,
-                None,
-                "key",
-            )
-        if self.value_serializer is not None and not _is_raw(value):
-            value = _run(
-                self.value_serializer,
-                value,
-                output.topic,
-                MessageField.VALUE,
-                output.headers,
-                None,
-                "value",
-            )
+        """``output`` with its key and value serialized for its topic where a serializer is
+        set: objects, and str as given (a Schema Registry or JSON serializer frames a str too);
+        bytes as they are."""
+        key = _serialized(
+            self.key_serializer, output.key, output._key_text, output, MessageField.KEY, "key"
+        )
+        value = _serialized(
+            self.value_serializer,
+            output.value,
+            output._value_text,
+            output,
+            MessageField.VALUE,
+            "value",
+        )
         if key is output.key and value is output.value:
             return output
         return dataclasses.replace(output, key=key, value=value)
@@ -121,8 +114,20 @@ class Codecs:
         return [self.encode(output) for output in outputs] if outputs else returned
 
 
-def _is_raw(data: object) -> bool:
-    return data is None or isinstance(data, bytes)  # (ProducerRecord encoded a str already)
+def _serialized(
+    codec: Codec | None,
+    data: Any,
+    text: str | None,
+    output: ProducerRecord,
+    field: MessageField,
+    part: str,
+) -> Any:
+    if codec is None:
+        return data
+    source = text if text is not None else data
+    if source is None or isinstance(source, bytes):
+        return data
+    return _run(codec, source, output.topic, field, output.headers, None, part)
 
 
 def _run(

@@ -15,8 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from parallel_consumer._arguments import Parser
 from parallel_consumer.bench.gc_mode import GC_MODES, TUNED_YOUNG_THRESHOLD, gc_mode
-from parallel_consumer.cli.arguments import Parser
 
 __all__ = ["main"]
 

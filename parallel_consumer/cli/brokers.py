@@ -17,7 +17,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from parallel_consumer.cli.arguments import config_pair, seconds
+from parallel_consumer._arguments import config_pair, seconds
 
 __all__ = [
     "DEFAULT_TIMEOUT",

@@ -23,7 +23,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from parallel_consumer import Options, ParallelConsumer, PollContext, ProcessingOrder
-from parallel_consumer.cli.arguments import Parser, positive, seconds
+from parallel_consumer._arguments import Parser, positive, seconds
 from parallel_consumer.cli.brokers import DEFAULT_TIMEOUT, reach
 from parallel_consumer.testing import LocalKafka, create_topic, produce_records
 

@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 from confluent_kafka import KafkaException
 
-from parallel_consumer.cli.arguments import non_negative
+from parallel_consumer._arguments import non_negative
 from parallel_consumer.cli.brokers import (
     CommandError,
     add_connection_arguments,

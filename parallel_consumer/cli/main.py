@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from types import FrameType
 
 from parallel_consumer import __version__
+from parallel_consumer._arguments import Parser, config_pair
 from parallel_consumer.cli import demo, dlq, offsets
-from parallel_consumer.cli.arguments import Parser, config_pair
 from parallel_consumer.cli.brokers import CommandError, verbose
 from parallel_consumer.errors import ConfigurationError
 from parallel_consumer.testing import _apache_kafka

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from parallel_consumer.cli.arguments import non_negative, positive
+from parallel_consumer._arguments import non_negative, positive
 from parallel_consumer.cli.brokers import (
     CommandError,
     add_connection_arguments,

@@ -21,7 +21,7 @@ from typing import Any
 from parallel_consumer._clock import Clock
 from parallel_consumer._events import PartitionsAssigned, PositionsReached, RecordsPolled
 from parallel_consumer.context import RecordContext
-from parallel_consumer.errors import DeadLetter, RetriesExhausted, Retry, Skip
+from parallel_consumer.errors import RetriesExhausted, Retry, Skip
 from parallel_consumer.hooks import Hooks
 from parallel_consumer.options import InvalidMetadataPolicy, Options
 from parallel_consumer.runners.base import CallCancelled
@@ -39,6 +39,7 @@ from parallel_consumer.work.outcomes import (
     StopNow,
     counts_as_attempt,
     decide,
+    failed_attempts,
 )
 from parallel_consumer.work.partitions import PartitionState, RecordTotals, restored_state
 from parallel_consumer.work.progress import ProgressWatch
@@ -319,6 +320,8 @@ class Ledger:
             item.attempts,
             decision.delay,
             error,
+            # (the traceback only when DEBUG is on: retries are routine)
+            exc_info=error if log.isEnabledFor(logging.DEBUG) else None,
         )
         self._hooks.on_retry(record, error, decision.delay)
         self.shards.retry_later(item)
@@ -329,23 +332,24 @@ class Ledger:
         if isinstance(decision, SkipNow | DeadLetterNow | StopNow) and decision.exhausted:
             self.counters.retries_exhausted += 1
         if isinstance(decision, SkipNow):
-            log.log(
-                logging.INFO if isinstance(error, Skip) else logging.WARNING,
-                "%s[%d]@%d skipped after %d failed attempts (%s): %r",
-                *item.tp,
-                item.offset,
-                item.attempts,
-                decision.reason,
-                error,
-            )
+            if isinstance(error, Skip):
+                log.info("%s[%d]@%d skipped by the handler: %r", *item.tp, item.offset, error)
+            else:  # a final failure: with its traceback
+                log.warning(
+                    "%s[%d]@%d skipped (%s) after %s: %r",
+                    *item.tp,
+                    item.offset,
+                    decision.reason,
+                    failed_attempts(item.attempts),
+                    error,
+                    exc_info=error,
+                )
             state = self.partitions[item.tp]
             self.counters.skipped_on_failure += 1
             self.finish(item, state)
             self._hooks.on_skip(context_of(item), error, decision.reason)
         elif isinstance(decision, DeadLetterNow):
             self.shards.retry_later(item)  # its lane stays busy until the letter is written
-            if isinstance(error, DeadLetter) and error.__cause__ is not None:
-                error = error.__cause__  # `raise DeadLetter(...) from exc`: the headers name exc
             self.letters_due.append((item, error, decision.reason))
         else:
             assert isinstance(decision, StopNow)

@@ -25,6 +25,7 @@ from parallel_consumer.options import Options
 from parallel_consumer.produce import ProducerRecord
 from parallel_consumer.work.inflight import Batch
 from parallel_consumer.work.item import TopicPartition, WorkItem
+from parallel_consumer.work.outcomes import failed_attempts
 
 __all__ = ["DeadLetters", "Letter"]
 
@@ -106,14 +107,16 @@ class DeadLetters:
     def written(self, letter: Letter) -> None:
         """The broker acknowledged ``letter``: say so (the controller marks the record done)."""
         item = letter.item
+        error = letter.error
         log.warning(
-            "%s[%d]@%d dead-lettered to %s (%s) after %d failed attempts: %r",
+            "%s[%d]@%d dead-lettered to %s (%s) after %s: %r",
             *item.tp,
             item.offset,
             self.topic_for(item.tp),
             letter.reason,
-            item.attempts,
-            letter.error,
+            failed_attempts(item.attempts),
+            error,
+            exc_info=error,  # (a final failure: with its traceback, and its cause's)
         )
 
     def failed(self, letter: Letter, error: BaseException) -> float:

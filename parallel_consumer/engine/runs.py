@@ -29,7 +29,7 @@ from parallel_consumer.work import sizing
 from parallel_consumer.work.item import TopicPartition, WorkItem
 from parallel_consumer.work.lanes import key_lanes
 from parallel_consumer.work.partitions import PartitionState
-from parallel_consumer.work.runs import Run, Runs
+from parallel_consumer.work.runs import Run, Runs, cut_batches
 from parallel_consumer.work.sizing import Modes
 
 __all__ = ["RunDispatch"]
@@ -94,7 +94,7 @@ class RunDispatch:
         runs = self.runs
         shards = self._ledger.shards
         if not runs.busy(tp) and (
-            self._dispatch.chunk_size < sizing.RUN_FROM_CHUNK
+            not self._short()
             or tp in self._ledger.commits.blocked
             # (transactional: records that failed before an abort keep their attempts in the
             # lanes, see _recall_failures; runs start again once commits passed them)
@@ -155,18 +155,34 @@ class RunDispatch:
         if rest:
             self._ledger.shards.add(tp, self._ledger.items(tp, epoch, rest))
 
+    def _record_service(self) -> float | None:
+        """The measured time per record: per call, over ``batch_size`` records a call."""
+        service = self._dispatch.service_time.value
+        batch_size = self._options.batch_size
+        return service / batch_size if service and batch_size > 1 else service
+
+    def _short(self) -> bool:
+        """Calls are short enough for runs: a record takes at most a thread hop over
+        RUN_FROM_CHUNK (with batches: the call over its records)."""
+        if self._options.batch_size == 1:
+            return self._dispatch.chunk_size >= sizing.RUN_FROM_CHUNK
+        service = self._record_service()
+        return service is not None and sizing.chunk_size_for(service) >= sizing.RUN_FROM_CHUNK
+
     def start_runs(self) -> int:
         """Hand out a run for each partition with records queued and none out, as far as
         the call limit allows; returns how many runs are out."""
         runs = self.runs
         queued = runs.queued
         limit = self._dispatch.call_limit()
-        short = self._dispatch.chunk_size >= sizing.RUN_FROM_CHUNK
+        short = self._short()
         blocked = self._ledger.commits.blocked
-        longest = sizing.run_length(self._dispatch.service_time.value)
+        longest = sizing.run_length(self._record_service())
         sampling = self._dispatch.samples.sampling
         timed = sampling.slow_after if sampling is not None else None
         distinct = self.modes.produce_runs and self._options.ordering is ProcessingOrder.KEY
+        batch_size = self._options.batch_size
+        by_key = self._options.ordering is ProcessingOrder.KEY
         for tp in list(queued):
             if tp in runs.active:
                 continue
@@ -185,7 +201,11 @@ class RunDispatch:
             else:
                 del queued[tp]
                 messages = list(waiting)
-            run = runs.start(tp, epoch, messages, timed=timed)
+            batches = None
+            if batch_size > 1:
+                lanes = key_lanes(tp, messages) if by_key else None
+                batches = cut_batches(messages, batch_size, lanes)
+            run = runs.start(tp, epoch, messages, timed=timed, batches=batches)
             if self.modes.produce_runs:
                 run.outputs = []
             self._ledger.counters.runs += 1
@@ -228,21 +248,25 @@ class RunDispatch:
         if run.adopted is not None:
             # Detached: its records were settled or went to the lanes then, but for the call
             # that was in progress, which is a single call of the in-flight table now.
-            index, batch_id = run.adopted
+            indices, batch_id = run.adopted
             self.adopted.pop(batch_id, None)
+            index = indices.start
             value = None
             partial = False
-            if event.ok > index:
-                errors: tuple[BaseException | None] = (None,)
+            errors: tuple[BaseException | None, ...]
+            if event.ok >= indices.stop:
+                errors = (None,) * len(indices)
                 if run.outputs is not None:
                     value = run.outputs[index]
             elif event.error is not None:
-                errors = (event.error,)
+                errors = event.errors or (event.error,)
+                partial = event.errors is not None and None in event.errors
                 if run.outputs is not None and len(run.outputs) > index:
                     # It failed its record with PollContext.fail, and returned outputs
                     value, partial = run.outputs[index], True
             else:
-                errors = (CallCancelled("the runner stopped before the call started"),)
+                cancelled = CallCancelled("the runner stopped before the call started")
+                errors = (cancelled,) * len(indices)
             self._dispatch.work_done(batch_id, errors, value, event.finished_at, partial)
             return
         if run.detached:
@@ -266,6 +290,9 @@ class RunDispatch:
         if error is None:
             self.to_lanes(tp, rest)
             return
+        if event.errors is not None:
+            self._batch_failed(run, state, event.errors, event.finished_at)
+            return
         item = self._ledger.item_of(tp, run.epoch, rest[0])
         self._ledger.shards.adopt(item)
         self.to_lanes(tp, rest[1:])
@@ -278,6 +305,35 @@ class RunDispatch:
             )
             return
         self._ledger.failed(item, error, event.finished_at)
+
+    def _batch_failed(
+        self,
+        run: Run,
+        state: PartitionState,
+        errors: tuple[BaseException | None, ...],
+        now: float,
+    ) -> None:
+        """A batch of a batched run failed (``errors``: its records' outcomes, from record
+        ``run.settled``): the records it did not fail are finished; those it failed, busy in
+        their lanes, and every record after the batch go to the lanes, as for a run whose
+        call failed. (In KEY order a batch holds distinct keys: finishing a record after a
+        failed one of the batch overtakes nothing of its key.)"""
+        ledger = self._ledger
+        tp, first = run.tp, run.settled
+        batch = run.messages[first : first + len(errors)]
+        run.settled = first + len(batch)
+        good = [m for m, e in zip(batch, errors, strict=True) if e is None]
+        if good:
+            ledger.settle_messages(state, good)
+        failed = []
+        for message, error in zip(batch, errors, strict=True):
+            if error is not None:
+                item = ledger.item_of(tp, run.epoch, message)
+                ledger.shards.adopt(item)
+                failed.append((item, error))
+        self.to_lanes(tp, run.messages[run.settled :])
+        for item, error in failed:
+            ledger.failed(item, error, now)
 
     def settle_run(self, run: Run, state: PartitionState, upto: int) -> None:
         """The calls of ``run`` from its last settled one up to ``upto`` succeeded: their
@@ -308,22 +364,24 @@ class RunDispatch:
         else:
             self.to_lanes(run.tp, detached.drained)
 
-    def adopt(self, run: Run, index: int, *, lane: bool) -> WorkItem:
-        """The call of ``run``'s record ``index`` is in progress while the run is detached:
-        make it a single call of the in-flight table (its lane busy, with ``lane``)."""
-        item = self._ledger.item_of(run.tp, run.epoch, run.messages[index])
-        if lane:
-            self._ledger.shards.adopt(item)
-        else:
-            item.in_flight = True
+    def adopt(self, run: Run, indices: range, *, lane: bool) -> tuple[WorkItem, ...]:
+        """The call of ``run``'s records ``indices`` (one, or a batch) is in progress while the
+        run is detached: make it a call of the in-flight table (their lanes busy, with
+        ``lane``)."""
+        items = tuple(self._ledger.item_of(run.tp, run.epoch, run.messages[i]) for i in indices)
+        for item in items:
+            if lane:
+                self._ledger.shards.adopt(item)
+            else:
+                item.in_flight = True
         now = self._clock.monotonic()
         if run.timed is not None and run.call_started:
             # (metrics measure the call from its start, not from now)
             now -= max(0.0, time.perf_counter() - run.call_started)
-        batch = self._ledger.in_flight.add((item,), now)
-        run.adopted = (index, batch.id)
+        batch = self._ledger.in_flight.add(items, now)
+        run.adopted = (indices, batch.id)
         self.adopted[batch.id] = run
-        return item
+        return items
 
     def check(self, real_now: float) -> None:
         """Detach runs whose current call takes long (it hangs), or whose calls turned slow:

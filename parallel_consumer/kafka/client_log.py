@@ -61,7 +61,11 @@ class ClientLog:
         servers: str,
         *,
         clock: Callable[[], float] = time.monotonic,
+        reports_health: bool = True,
     ) -> None:
+        #: The client whose outage health() reports (the group consumer) says it at WARNING;
+        #: the others (the output producer, an admin client) at INFO: one WARNING an outage.
+        self._reports_health = reports_health
         self._client = client
         self._servers = servers
         self._clock = clock
@@ -153,12 +157,14 @@ class ClientLog:
         now = self._clock()
         self._down_since = now
         self._next_probe = now + PROBE_EVERY
-        log.warning(
+        log.log(
+            logging.WARNING if self._reports_health else logging.INFO,
             "%s: every Kafka broker is down or unreachable (bootstrap.servers=%s: %s); the "
-            "client keeps retrying, health() reports it",
+            "client keeps retrying%s",
             self._client,
             self._servers,
             error.str(),
+            ", health() reports it" if self._reports_health else "",
         )
 
     def _first_in_a_while(self, key: object) -> bool:

@@ -88,7 +88,8 @@ def prepare_topics(
     try:
         settings = admin_config(config)
         servers = str(settings.get("bootstrap.servers"))
-        admin = admin_factory(ClientLog("dead-letter admin", servers).configure(settings))
+        said = ClientLog("dead-letter admin", servers, reports_health=False)
+        admin = admin_factory(said.configure(settings))
         metadata = admin.list_topics(timeout=ADMIN_TIMEOUT)
     except Exception as exc:
         raise ConfigurationError(

@@ -64,6 +64,10 @@ Finished = tuple[int, bytes]
 RecordTuple = tuple[str, int, int, Any, Any, Any, Any, int, BaseException | None, datetime | None]
 
 
+#: The attribute that carries an error's traceback text back from a worker process.
+REMOTE_TRACEBACK = "_pc_remote_traceback"
+
+
 class RemoteError(ParallelConsumerError):
     """A handler in a worker process raised an exception that cannot be pickled back to the
     parent; this one keeps its type name, message and traceback text."""
@@ -91,7 +95,14 @@ class WorkerCrashed(ParallelConsumerError):
 
 
 def portable_error(error: BaseException) -> BaseException:
-    """``error`` if it survives a pickle round trip, else a :class:`RemoteError` naming it."""
+    """``error`` if it survives a pickle round trip, else a :class:`RemoteError` naming it.
+    Either way it carries its traceback's text (a traceback does not pickle), for the dead
+    letter's header: in the attribute named ``REMOTE_TRACEBACK``, or a RemoteError's
+    ``remote_traceback``."""
+    if error.__traceback__ is not None:
+        # (an exception type without a __dict__, or a property in the way, keeps none)
+        with contextlib.suppress(Exception):
+            setattr(error, REMOTE_TRACEBACK, "".join(traceback.format_exception(error)))
     try:
         pickle.loads(pickle.dumps(error))
     except Exception:
@@ -277,8 +288,11 @@ class DetachedRecord(RecordContext):
 def worker_main(handler_bytes: bytes, tasks: Connection, results: Connection) -> None:
     """The worker process: load the handler, then run calls until told to stop or the parent
     goes away (the task pipe reaches its end)."""
-    # Ctrl-C reaches the whole process group: the parent handles it and stops the workers.
+    # Ctrl-C, and a service manager's SIGTERM (systemd signals the whole group), reach every
+    # process of the group: the parent handles them and stops the workers after their calls.
+    # A worker killed by them would fail the records of its calls, which never failed.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         handler = pickle.loads(handler_bytes)
     except BaseException as exc:

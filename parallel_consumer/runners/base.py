@@ -197,7 +197,7 @@ def check_signature(handler: Callable[..., object], via: str) -> None:
     the context, and nothing else required: a wrong handler fails every record, so it is
     refused when it is registered. Callables whose signature Python cannot read pass."""
     try:
-        signature = inspect.signature(handler)
+        signature = inspect.signature(handler, follow_wrapped=False)  # (what really runs)
     except (TypeError, ValueError):  # some builtins and C callables have none to read
         return
     try:

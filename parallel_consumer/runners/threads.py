@@ -255,7 +255,8 @@ class ThreadRunner:
             if task is None:
                 return
             if isinstance(task, Run):
-                if not self._run_records(handler, done, task):
+                run = self._run_batches if task.batched else self._run_records
+                if not run(handler, done, task):
                     return
             elif isinstance(task, _Chunk):
                 if not self._run_chunk(handler, done, task):
@@ -371,6 +372,58 @@ class ThreadRunner:
         calls = ok + (error is not None)
         service = (time.perf_counter() - started) / calls if calls else 0.0
         done(RunDone(run, ok, error, self._clock.monotonic(), service, tuple(samples)))  # type: ignore[arg-type]
+        return not stopped
+
+    def _run_batches(self, handler: Handler, done: Callable[[WorkDone], None], run: Run) -> bool:
+        """:meth:`_run_records` for a batched run: one handler call per batch of ``run.pending``
+        until a batch fails (a raise, or PollContext.fail of any of its records: the report
+        carries the outcome of each of its records), the rest is taken back, or the runner
+        stops (then returns False). ``run.done`` counts records; the service it reports is the
+        mean time per call, as for calls of the lanes."""
+        started = run.started = time.perf_counter()
+        popleft = run.pending.popleft
+        slow_after = run.timed
+        samples: list[tuple[int, float]] = []
+        ok = calls = 0
+        error: BaseException | None = None
+        errors: tuple[BaseException | None, ...] | None = None
+        stopped = False
+        while True:
+            if not self._open:
+                stopped = True
+                break
+            try:
+                batch = popleft()
+            except IndexError:
+                break
+            context = PollContext([RecordContext(message) for message in batch])
+            calls += 1
+            if slow_after is not None:
+                t0 = run.call_started = time.perf_counter()
+            try:
+                value = handler(context)
+            except Exception as exc:
+                error = exc
+            except BaseException as exc:
+                log.error(
+                    "handler raised %r for %r; treating it as a failure of the call", exc, context
+                )
+                error = exc
+            else:
+                if value is not None and (wrong := not_a_result(value)) is not None:
+                    error = wrong
+            if slow_after is not None:
+                took = time.perf_counter() - t0
+                if not ok or took > slow_after or error is not None or context._failed:
+                    samples.append((ok, took))
+            if error is not None or context._failed:
+                errors = context.outcomes(error)
+                error = next(e for e in errors if e is not None)
+                break
+            ok += len(batch)
+            run.done = ok
+        service = (time.perf_counter() - started) / calls if calls else 0.0
+        done(RunDone(run, ok, error, self._clock.monotonic(), service, tuple(samples), errors))  # type: ignore[arg-type]
         return not stopped
 
     def _call(self, handler: Handler, batch: int, context: PollContext) -> CallResult | None:

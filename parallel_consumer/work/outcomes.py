@@ -26,6 +26,7 @@ __all__ = [
     "counts_as_attempt",
     "decide",
     "exhausted_decision",
+    "failed_attempts",
 ]
 
 log = logging.getLogger("parallel_consumer")
@@ -81,9 +82,10 @@ def decide(
     """The next step for a record whose call ended at ``finished_at`` with ``error``.
 
     ``record`` describes the attempt that just failed (``attempts`` already counts it). In
-    order: no error is success; ``Skip`` skips; ``DeadLetter`` dead-letters (or stops when
-    dead-lettering is off); a ``non_retryable`` type, or more than ``max_retries`` failed
-    retries, applies the exhaustion policy; anything else retries after
+    order: no error is success; ``Skip`` skips; ``DeadLetter`` dead-letters (or, with
+    dead-lettering off, retries with a WARNING); a ``NEVER_RETRIED`` or ``non_retryable`` type,
+    or more than ``max_retries`` failed retries, applies the exhaustion policy; anything else
+    retries after
     :func:`~parallel_consumer.retry.retry_delay`.
     """
     if error is None:
@@ -113,6 +115,11 @@ def counts_as_attempt(error: BaseException, options: Options) -> bool:
     if isinstance(error, Skip):
         return False
     return not (isinstance(error, DeadLetter) and options.dead_lettering)
+
+
+def failed_attempts(count: int) -> str:
+    """``"1 failed attempt"``, ``"3 failed attempts"``: for log lines and messages."""
+    return f"{count} failed attempt{'' if count == 1 else 's'}"
 
 
 def exhausted_decision(
@@ -148,11 +155,11 @@ def exhausted_decision(
                     policy.name,
                 )
     if policy is OnExhausted.SKIP:
-        return SkipNow(f"skipped ({reason})", exhausted=True)
+        return SkipNow(reason, exhausted=True)
     if policy is OnExhausted.STOP:
         return StopNow(
             f"{record.topic}[{record.partition}]@{record.offset} failed for good ({reason}, "
-            f"{record.attempts} failed attempts) and on_retries_exhausted is STOP: {error!r}",
+            f"{failed_attempts(record.attempts)}) and on_retries_exhausted is STOP: {error!r}",
             exhausted=True,
         )
     if not options.dead_lettering and finished_at is not None:
@@ -166,8 +173,10 @@ def _nowhere_to_dead_letter(
     """A record is to be dead-lettered but no dead-letter topic was prepared (dead-lettering
     is off): dropping it would lose it and stopping would halt every partition for one record,
     so it waits for its retry delay and runs again, with a WARNING that names it and says how
-    to turn dead-lettering on (at its first attempt; DEBUG after)."""
-    level = logging.WARNING if record.attempts <= 1 else logging.DEBUG
+    to turn dead-lettering on (at its 1st, 2nd, 4th, 8th... such attempt; DEBUG between, so
+    that a record retried for a long time is still named now and then)."""
+    attempts = record.attempts
+    level = logging.WARNING if attempts & (attempts - 1) == 0 else logging.DEBUG
     log.log(
         level,
         "%s[%s]@%s is to be dead-lettered (%s: %r) but dead-lettering is off; it is retried "

@@ -16,6 +16,11 @@ retries, dead letters and the failure policies work as for any record. A run who
 call takes long (a call that hangs, or calls that turned slow) is *detached* the same way while
 it runs: the call in progress stays in flight as a single call, and the records not started go
 to the lanes.
+
+With ``batch_size`` > 1 a run's worker calls the handler with batches of its consecutive
+records (``Run.batched``): ``pending`` then holds the batches, cut by the controller (in KEY
+order where a key repeats, so that a lane gives at most one record per batch), and ``done``
+counts the records of the batches that succeeded.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any, TypeVar
 
 from parallel_consumer.work.item import TopicPartition
 
-__all__ = ["Detached", "Run", "Runs", "drain_left"]
+__all__ = ["Detached", "Run", "Runs", "cut_batches", "drain_left"]
 
 T = TypeVar("T")
 
@@ -40,6 +45,27 @@ def drain_left(items: deque[T]) -> list[T]:
             out.append(items.popleft())
         except IndexError:
             return out
+
+
+def cut_batches(messages: list[Any], size: int, lanes: list[object] | None) -> list[list[Any]]:
+    """``messages`` as consecutive batches of at most ``size`` records. With ``lanes`` (each
+    message's lane, KEY order) a batch is also cut before a record whose lane it holds
+    already: a lane gives at most one record per batch (docs/ordering.md "Batches")."""
+    if lanes is None:
+        return [messages[i : i + size] for i in range(0, len(messages), size)]
+    batches: list[list[Any]] = []
+    batch: list[Any] = []
+    seen: set[object] = set()
+    for message, lane in zip(messages, lanes, strict=True):
+        if len(batch) == size or lane in seen:
+            batches.append(batch)
+            batch = []
+            seen = set()
+        batch.append(message)
+        seen.add(lane)
+    if batch:
+        batches.append(batch)
+    return batches
 
 
 class Run:
@@ -56,6 +82,7 @@ class Run:
 
     __slots__ = (
         "adopted",
+        "batched",
         "call_started",
         "detached",
         "done",
@@ -82,6 +109,7 @@ class Run:
         messages: list[Any],
         *,
         timed: float | None = None,
+        batches: list[list[Any]] | None = None,
     ) -> None:
         self.id = run_id
         self.tp = tp
@@ -90,7 +118,10 @@ class Run:
         #: ``poll_and_produce``: what each call returned, as a ProducerRecord or a list of them
         #: (appended by the worker before it counts the call in ``done``); None otherwise.
         self.outputs: list[Any] | None = None
-        self.pending: deque[Any] = deque(messages)
+        #: The worker calls the handler with the batches of ``pending`` (lists of consecutive
+        #: records of ``messages``), not with one record a call.
+        self.batched = batches is not None
+        self.pending: deque[Any] = deque(messages if batches is None else batches)
         #: Calls that succeeded, from the first (the worker's count).
         self.done = 0
         #: time.perf_counter() when a worker took the run (0.0 while queued).
@@ -102,9 +133,9 @@ class Run:
         self.call_started = 0.0
         #: Records already settled by the controller (a prefix of ``messages``).
         self.settled = 0
-        #: After a detach: (index, batch id) of the call that was in progress, now a single
-        #: call in the in-flight table, settled when the run's report comes.
-        self.adopted: tuple[int, int] | None = None
+        #: After a detach: (indices, batch id) of the call that was in progress (its records),
+        #: now a call in the in-flight table, settled when the run's report comes.
+        self.adopted: tuple[range, int] | None = None
         self.detached = False
         #: The stuck check's last look (time.perf_counter(), as ``started``) and ``done``
         #: then, and when ``done`` last changed.
@@ -129,12 +160,12 @@ class Run:
 class Detached:
     """What :meth:`Runs.detach` took from a run: ``finished`` the indices of records that
     succeeded and are not settled yet (the caller settles or drops them, and moves
-    ``Run.settled``), ``running`` the index of the call possibly in progress (None: none),
-    ``drained`` the messages never started."""
+    ``Run.settled``), ``running`` the indices of the records of the call possibly in progress
+    (None: none), ``drained`` the messages never started."""
 
     __slots__ = ("drained", "finished", "running")
 
-    def __init__(self, finished: range, running: int | None, drained: list[Any]) -> None:
+    def __init__(self, finished: range, running: range | None, drained: list[Any]) -> None:
         self.finished = finished
         self.running = running
         self.drained = drained
@@ -165,10 +196,16 @@ class Runs:
             queued[1].extend(messages)
 
     def start(
-        self, tp: TopicPartition, epoch: int, messages: list[Any], *, timed: float | None
+        self,
+        tp: TopicPartition,
+        epoch: int,
+        messages: list[Any],
+        *,
+        timed: float | None,
+        batches: list[list[Any]] | None = None,
     ) -> Run:
         self._ids += 1
-        run = Run(self._ids, tp, epoch, messages, timed=timed)
+        run = Run(self._ids, tp, epoch, messages, timed=timed, batches=batches)
         self.active[tp] = run
         self.out[run.id] = run
         self.records_out += len(messages)
@@ -178,11 +215,13 @@ class Runs:
         """Take back what ``run`` has not started; the worker ends it after its current call.
         The records it finished and the one in progress are the caller's to settle."""
         drained = drain_left(run.pending)
+        if run.batched:
+            drained = [message for batch in drained for message in batch]
         # Read after the drain: the worker cannot start another call now, so it has started
-        # exactly len(run) - len(drained) calls, all but possibly the last of them finished.
+        # exactly len(run) - len(drained) records, all but possibly the last call's finished.
         started = len(run.messages) - len(drained)
         done = run.done
-        running = done if done < started else None
+        running = range(done, started) if done < started else None
         if self.active.get(run.tp) is run:
             del self.active[run.tp]
         run.detached = True

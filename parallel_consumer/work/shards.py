@@ -12,6 +12,7 @@ scanning every shard after every completion.
 from __future__ import annotations
 
 import bisect
+import logging
 from collections import deque
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -28,6 +29,8 @@ LONGEST_LOOK = 32
 PASSED_MOST = 8
 #: Dropped lanes kept for reuse as new ones.
 SPARE_LANES = 1024
+
+log = logging.getLogger("parallel_consumer")
 
 
 def _count_down(counts: dict[Any, int], key: object) -> None:
@@ -50,6 +53,10 @@ class ShardMap:
     def __init__(self, ordering: ProcessingOrder) -> None:
         self._ordering = ordering
         self._ordered = ordering is not ProcessingOrder.UNORDERED
+        #: KEY order: the partitions whose null-keyed records were said to share one lane.
+        self._null_keys_noted: set[TopicPartition] | None = (
+            set() if ordering is ProcessingOrder.KEY else None
+        )
         self._shards: dict[object, Shard] = {}
         self._ready: deque[Shard] = deque()
         self._parked: dict[TopicPartition, list[Shard]] = {}
@@ -431,6 +438,15 @@ class ShardMap:
         else:
             shard = Shard(key, tp)
         self._shards[key] = shard
+        noted = self._null_keys_noted
+        if noted is not None and key[2] is None and tp not in noted:  # type: ignore[index]
+            noted.add(tp)
+            log.warning(
+                "%s[%d]: records with a null key share one lane in KEY order, so they run one "
+                "at a time whatever max_concurrency says; give them keys, or use PARTITION or "
+                "UNORDERED order (said once per partition)",
+                *tp,
+            )
         lanes = self._lanes_by_tp
         lanes[tp] = lanes.get(tp, 0) + 1
         if self._stale_running:

@@ -123,7 +123,9 @@ def decide_modes(
     # Adaptive dispatch needs a runner that runs chunks; with deadlines every call goes
     # alone (a deadline measures the call, not a wait behind other calls of a chunk).
     chunks = ADAPTIVE_DISPATCH and not deadlines and can_chunk
-    # Runs carry no per-call bookkeeping: no per-call hooks, one record a call. With
+    # Runs carry no per-call bookkeeping: no per-call hooks. With batch_size > 1 a run calls
+    # the handler with batches of its records (work/runs.py); not in PARTITION order, where a
+    # batch holds one record, nor with poll_and_produce. With
     # poll_and_produce a run's records finish once their outputs are acknowledged
     # (RunOutputs); not in PARTITION order, where a partition's next record may only run
     # once the outputs of the one before are (a failed output retries its record), nor
@@ -134,7 +136,7 @@ def decide_modes(
         and chunks
         and can_run
         and (produce_runs or (not produces and not transactional))
-        and batch_size == 1
+        and (batch_size == 1 or (ordering is not ProcessingOrder.PARTITION and not produces))
         and not per_call_hooks
     )
     # Chains hand a lane's next records to the worker of the one before; outputs must be

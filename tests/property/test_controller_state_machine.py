@@ -2,9 +2,9 @@
 
 Rules: poll, complete ok, fail, revoke, assign, let the poller run its commands, advance the
 clock, and acknowledge or fail a dead letter (a record's second failure, or a KeyError, which
-is non-retryable, dead-letters it). With ``batch_size=1`` and short calls the controller hands
-out runs (work/runs.py): a worker starts and ends their calls one by one, and the controller
-may detach a run in the middle (what its stuck check does). The
+is non-retryable, dead-letters it). With short calls the controller hands out runs
+(work/runs.py; batched unless ``batch_size=1``): a worker starts and ends their calls one by
+one, and the controller may detach a run in the middle (what its stuck check does). The
 model keeps the log, what succeeded (non-stale results only) and what the group
 committed; it plays the poller's part as the real one does: it takes credit for every record it
 hands over and gives it back on ``Release``, runs commands (commits) only when the poller would,
@@ -288,7 +288,7 @@ class ControllerMachine(RuleBasedStateMachine):
     #: Options.processing_timeout: calls past it are abandoned (overruns) and their records
     #: retried while the call runs on; its late result must change nothing.
     processing_timeout: float | None = None
-    #: Options.batch_size: 1 lets the controller hand out runs once calls are short.
+    #: Options.batch_size: runs (once calls are short) carry batches unless it is 1.
     batch_size = 2
     #: The runner takes chains, and calls start at a millisecond (batch_size 1 only).
     chains = False
@@ -536,15 +536,18 @@ class ControllerMachine(RuleBasedStateMachine):
     )
     def run_call(self, index: int, outcome: str) -> None:
         """The worker of a run: it ends the call in progress (ok, or failed: then it reports
-        the run), or starts the next call, or reports the run when nothing is left to start."""
+        the run), or starts the next call, or reports the run when nothing is left to start.
+        The call in progress is held as its records (a batch of them in a batched run)."""
         states = self.runner.run_states
         state = states[index % len(states)]
         run, current, epoch = state
         if current is None:
             try:
-                state[1] = run.pending.popleft()
+                taken = run.pending.popleft()
             except IndexError:
                 self._report_run(state, None)
+                return
+            state[1] = list(taken) if run.batched else [taken]
             return
         if outcome == "fail":
             self._report_run(state, RuntimeError("handler failed"))
@@ -552,14 +555,15 @@ class ControllerMachine(RuleBasedStateMachine):
         state[1] = None
         if run.outputs is not None:
             assert self.produce
+            (message,) = current
             run.outputs.append(
                 ProducerRecord(
-                    "out", encode_output(run.tp, current.offset(), epoch), key=current.key()
+                    "out", encode_output(run.tp, message.offset(), epoch), key=message.key()
                 )
             )
-        run.done += 1
+        run.done += len(current)
         if self.epoch.get(run.tp) == epoch and not self.produce:
-            self.done[run.tp].add(current.offset())
+            self.done[run.tp].update(message.offset() for message in current)
 
     @precondition(
         lambda self: self.produce and any(s[1] is not None for s in self.runner.run_states)
@@ -571,7 +575,7 @@ class ControllerMachine(RuleBasedStateMachine):
         transaction gate here), and the failure applies once it is acknowledged."""
         states = [s for s in self.runner.run_states if s[1] is not None]
         state = states[index % len(states)]
-        run, current, epoch = state
+        run, (current,), epoch = state
         assert run.outputs is not None
         value = encode_output(run.tp, current.offset(), epoch, failed=True)
         run.outputs.append(ProducerRecord("out", value, key=current.key()))
@@ -584,8 +588,13 @@ class ControllerMachine(RuleBasedStateMachine):
 
     def _report_run(self, state: list[Any], error: BaseException | None) -> None:
         self.runner.run_states.remove(state)
-        run = state[0]
-        self.controller.post(RunDone(run, run.done, error, self.clock.monotonic(), 1e-6))
+        run, current = state[0], state[1]
+        errors = None
+        if run.batched and error is not None:
+            errors = (error,) * len(current)
+        self.controller.post(
+            RunDone(run, run.done, error, self.clock.monotonic(), 1e-6, errors=errors)
+        )
         self.step()
 
     @precondition(lambda self: getattr(self.runner, "chains", None))
@@ -815,7 +824,8 @@ class ControllerMachine(RuleBasedStateMachine):
         # run one after another, so a lane may appear in it several times).
         for run, current, _ in self.runner.run_states:
             held = set()
-            for message in [*([current] if current is not None else []), *run.pending]:
+            pending = [m for b in run.pending for m in b] if run.batched else list(run.pending)
+            for message in [*(current or ()), *pending]:
                 tp = (message.topic(), message.partition())
                 held.add((*tp, message.key()) if self.ordering is ProcessingOrder.KEY else tp)
             for lane in held:

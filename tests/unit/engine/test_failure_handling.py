@@ -6,6 +6,7 @@ read once the outcome is known (reading it in a tight loop wakes the controller)
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -555,3 +556,42 @@ def test_close_with_a_dead_letter_in_flight_leaves_the_record_uncommitted(
     # Then the record is not committed: its next owner runs it again
     assert (_committed(cluster) or 0) == 0
     assert pc.statistics().records_dead_lettered == 0
+
+
+def test_a_final_failure_is_logged_with_its_traceback_and_retries_only_at_debug(
+    harness, cluster, wait_until, caplog
+):
+    # Given a record that fails twice and is then dead-lettered (max_retries=1)
+    cluster.create_topic("t")
+    cluster.produce("t", b"x")
+
+    def parse_order(value: bytes) -> None:
+        raise ValueError("bad order")
+
+    pc = harness.make(Options(max_retries=1, retry_delay=0))
+    pc.poll(lambda ctx: parse_order(ctx.value or b""))
+    with caplog.at_level(logging.INFO, logger="parallel_consumer"):
+        wait_until(lambda: len(_dead_letters(cluster)) == 1)
+        pc.close()
+    # Then the dead-lettering line carries the traceback (where it was raised) ...
+    [final] = [r for r in caplog.records if "dead-lettered to t.dlq" in r.getMessage()]
+    assert final.exc_info is not None
+    assert "in parse_order" in caplog.text
+    assert "after 2 failed attempts" in final.getMessage()
+    # ... and the retry before it does not, with DEBUG off
+    [retry] = [r for r in caplog.records if "retrying in" in r.getMessage()]
+    assert retry.exc_info is None
+
+
+def test_a_skip_after_exhausted_retries_says_why_once_and_counts_in_the_singular(
+    harness, cluster, wait_until, caplog
+):
+    cluster.create_topic("t")
+    cluster.produce("t", b"x")
+    pc = harness.make(Options(max_retries=0, on_retries_exhausted="skip"))
+    pc.poll(lambda ctx: (_ for _ in ()).throw(ValueError("nope")))
+    with caplog.at_level(logging.WARNING, logger="parallel_consumer"):
+        wait_until(lambda: _committed(cluster) == 1)
+        pc.close()
+    [line] = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert "skipped (retries-exhausted) after 1 failed attempt:" in line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -160,3 +161,29 @@ def test_a_lane_never_runs_beside_a_stale_call_of_its_own_after_a_reassignment(
     # Then the lane never had two calls at once, and the new call of 0 ran after the stale one
     assert most[0] == 1
     assert ends[0] == 0
+
+
+def test_null_keys_in_key_order_are_said_to_share_one_lane_once_per_partition(
+    harness, cluster, wait_until, caplog
+):
+    # Given null-keyed records on two partitions, with calls long enough for lanes (no runs)
+    cluster.create_topic("t", 2)
+    for i in range(20):
+        cluster.produce("t", b"%d" % i, key=None, partition=i % 2)
+    done: list[int] = []
+
+    def handle(ctx: PollContext) -> None:
+        time.sleep(0.002)
+        done.append(ctx.offset)
+
+    with caplog.at_level(logging.WARNING, logger="parallel_consumer"):
+        pc = harness.make(Options(ordering="key", max_concurrency=8))
+        pc.poll(handle)
+        wait_until(lambda: len(done) == 20)
+        pc.close()
+    # Then one WARNING per partition says why they ran one at a time
+    said = [r.getMessage() for r in caplog.records if "null key share one lane" in r.getMessage()]
+    assert sorted(said) == [
+        "t[0]: " + said[0].split(": ", 1)[1],
+        "t[1]: " + said[0].split(": ", 1)[1],
+    ]
