@@ -579,8 +579,10 @@ class ControllerMachine(RuleBasedStateMachine):
         assert run.outputs is not None
         value = encode_output(run.tp, current.offset(), epoch, failed=True)
         run.outputs.append(ProducerRecord("out", value, key=current.key()))
+        # (a detached run's call abandoned past its deadline: its late result counts for nothing)
+        abandoned = run.adopted is not None and self.overrun(run.adopted[1])
         self._report_run(state, RuntimeError("failed with PollContext.fail"))
-        if self.epoch.get(run.tp) == epoch:
+        if self.epoch.get(run.tp) == epoch and not abandoned:
             owed = (run.tp, current.offset(), epoch)
             assert owed in self.outputs.sent_failed, (
                 f"{owed}: the output of a call that failed its record was not sent"
@@ -825,7 +827,9 @@ class ControllerMachine(RuleBasedStateMachine):
         for run, current, _ in self.runner.run_states:
             held = set()
             pending = [m for b in run.pending for m in b] if run.batched else list(run.pending)
-            for message in [*(current or ()), *pending]:
+            # (the call in progress of a detached run, abandoned as above, runs on unheld)
+            abandoned = run.adopted is not None and self.overrun(run.adopted[1])
+            for message in [*(() if abandoned else current or ()), *pending]:
                 tp = (message.topic(), message.partition())
                 held.add((*tp, message.key()) if self.ordering is ProcessingOrder.KEY else tp)
             for lane in held:
