@@ -43,9 +43,9 @@ from parallel_consumer.dead_letter import read_dead_letter
 from parallel_consumer.engine.controller import Controller
 from parallel_consumer.engine.letters import DeadLetters
 from parallel_consumer.errors import ProduceError
-from parallel_consumer.kafka.committers import ConsumerCommitter
+from parallel_consumer.kafka.committers import Committer, ConsumerCommitter
 from parallel_consumer.offsets import decode_offset_map
-from parallel_consumer.options import Options, ProcessingOrder
+from parallel_consumer.options import Options, ProcessingOrder, StallPolicy
 from parallel_consumer.produce import ProducerRecord
 from parallel_consumer.runners.base import RunnerFeatures
 from parallel_consumer.status import PollerStatistics
@@ -300,6 +300,12 @@ class ControllerMachine(RuleBasedStateMachine):
     #: A poll_and_produce handler: each successful call returns an output per record, and
     #: a record is done once its outputs are acknowledged (rule settle_outputs).
     produce = False
+    #: Exactly-once: outputs, dead letters and offsets commit in one transaction (see
+    #: test_engine_transactions.py).
+    transactional = False
+    #: Options.stall_threshold and on_stall (see test_engine_stall_policy.py).
+    stall_threshold: float | None = 60.0
+    on_stall = StallPolicy.WARN
 
     def __init__(self) -> None:
         super().__init__()
@@ -316,6 +322,8 @@ class ControllerMachine(RuleBasedStateMachine):
             max_metadata_bytes=64,  # small, so the "blocked" path is exercised too
             max_buffered_records=24,  # small, so the credit bound is reached often
             processing_timeout=self.processing_timeout,
+            stall_threshold=self.stall_threshold,
+            on_stall=self.on_stall,
         )
         ControllerMachine.current_ordering = self.ordering
         runner_class = FakeChainRunner if self.chains else FakeRunner
@@ -329,12 +337,13 @@ class ControllerMachine(RuleBasedStateMachine):
             self.options,
             runner=self.runner,
             poller=self.poller,
-            committer=ConsumerCommitter(self.poller, self.options.commit_mode),
+            committer=self.committer(),
             clock=self.clock,
         )
         # (the time per call follows real time; here the machine's clock)
         self.controller.dispatch.service_clock = self.clock.monotonic
         self.outputs = FakeOutputs(lambda tp: self.epoch.get(tp))
+        self.outputs.transactional = self.transactional
         self.controller.start(
             lambda ctx: None,
             thread=False,
@@ -363,6 +372,9 @@ class ControllerMachine(RuleBasedStateMachine):
         self.committed: dict[tuple[str, int], tuple[int, str]] = {}
 
     # -- helpers --
+
+    def committer(self) -> Committer:
+        return ConsumerCommitter(self.poller, self.options.commit_mode)
 
     def check_lane_head(
         self, tp: tuple[str, int], offset: int, lane: object, epoch: int | None
@@ -567,8 +579,10 @@ class ControllerMachine(RuleBasedStateMachine):
         assert run.outputs is not None
         value = encode_output(run.tp, current.offset(), epoch, failed=True)
         run.outputs.append(ProducerRecord("out", value, key=current.key()))
+        # (a detached run's call abandoned past its deadline: its late result counts for nothing)
+        abandoned = run.adopted is not None and self.overrun(run.adopted[1])
         self._report_run(state, RuntimeError("failed with PollContext.fail"))
-        if self.epoch.get(run.tp) == epoch:
+        if self.epoch.get(run.tp) == epoch and not abandoned:
             owed = (run.tp, current.offset(), epoch)
             assert owed in self.outputs.sent_failed, (
                 f"{owed}: the output of a call that failed its record was not sent"
@@ -813,14 +827,21 @@ class ControllerMachine(RuleBasedStateMachine):
         for run, current, _ in self.runner.run_states:
             held = set()
             pending = [m for b in run.pending for m in b] if run.batched else list(run.pending)
-            for message in [*(current or ()), *pending]:
+            # (the call in progress of a detached run, abandoned as above, runs on unheld)
+            abandoned = run.adopted is not None and self.overrun(run.adopted[1])
+            for message in [*(() if abandoned else current or ()), *pending]:
                 tp = (message.topic(), message.partition())
                 held.add((*tp, message.key()) if self.ordering is ProcessingOrder.KEY else tp)
             for lane in held:
                 lanes[lane] = lanes.get(lane, 0) + 1
         # A chain holds the lane of its calls not finished (one lane: they run in turn).
         for chain in getattr(self.runner, "chains", ()):
-            held = {lane for _, records in chain["calls"] for _, _, lane, _ in records}
+            held = {
+                lane
+                for batch, records in chain["calls"]
+                if not self.overrun(batch)  # (abandoned, as above)
+                for _, _, lane, _ in records
+            }
             for lane in held:
                 lanes[lane] = lanes.get(lane, 0) + 1
         if self.ordering is not ProcessingOrder.UNORDERED:
