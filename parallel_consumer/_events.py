@@ -32,6 +32,7 @@ __all__ = [
     "RecordsPolled",
     "Release",
     "RunDone",
+    "RunnerReport",
     "SetPaused",
     "StopPoller",
     "Transact",
@@ -225,6 +226,9 @@ class DeadlineExtended:
     batch: int
     until: float
 
+
+#: What a runner reports through the ``done`` callback it is started with.
+RunnerReport = WorkDone | WorkDoneMany | RunDone
 
 ControllerEvent = (
     RecordsPolled

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Any
 
 from parallel_consumer._clock import Clock
 from parallel_consumer._events import (
@@ -39,7 +39,6 @@ from parallel_consumer._events import (
     PartitionsAssigned,
     PartitionsLost,
     PartitionsRevoked,
-    PollerCommand,
     PollerFailed,
     PositionsReached,
     ProducerFailed,
@@ -54,7 +53,7 @@ from parallel_consumer._events import (
 from parallel_consumer.engine import views
 from parallel_consumer.engine.closing import STOP_TIMEOUT, Closing, Step
 from parallel_consumer.engine.letters import DeadLetters
-from parallel_consumer.engine.parts import Parts
+from parallel_consumer.engine.parts import Parts, PollerPort
 from parallel_consumer.errors import InternalError, RetriesExhausted
 from parallel_consumer.health import HealthReport
 from parallel_consumer.hooks import CallSampling, Hooks, NoHooks, active_hooks
@@ -63,7 +62,7 @@ from parallel_consumer.kafka.producer import Outputs
 from parallel_consumer.options import Options
 from parallel_consumer.produce import ProduceResult
 from parallel_consumer.runners.base import Handler, Runner
-from parallel_consumer.status import Lifecycle, PollerStatistics, Statistics
+from parallel_consumer.status import Lifecycle, Statistics
 
 __all__ = ["Controller"]
 
@@ -71,16 +70,6 @@ log = logging.getLogger("parallel_consumer")
 
 #: The per-call and per-record hooks: with any of them, no runs (a run calls none).
 PER_CALL_HOOKS = frozenset({"on_dispatch", "on_work_done", "on_success"})
-
-
-class PollerPort(Protocol):
-    """What the controller needs of the poller."""
-
-    def send(self, command: PollerCommand) -> None: ...
-
-    def join(self, timeout: float) -> bool: ...
-
-    def statistics(self) -> PollerStatistics: ...
 
 
 class Controller:
@@ -116,6 +105,7 @@ class Controller:
             sampling=sampling,
             post=self.post,
         )
+        self._parts = parts
         self.ledger = parts.ledger
         self.delivery = parts.delivery
         self.dispatch = parts.dispatch
@@ -256,7 +246,7 @@ class Controller:
             runs = self.runs
             runs_out = runs.start_runs() if runs.runs.queued else runs.workers_out()
             dispatch.dispatch(now, runs_out)
-        self.commits.tick(now, self._drained)
+        self.commits.tick(now, self._parts.drained)
         outputs = self.delivery.outputs
         if outputs is not None and outputs.backlog:
             outputs.pump()
@@ -275,21 +265,10 @@ class Controller:
                 f"{threading.current_thread().name} must post events instead"
             )
 
-    def _drained(self) -> bool:
-        """Nothing polled is waiting, running, waiting for a retry or for its outputs."""
-        ledger = self.ledger
-        return not (
-            ledger.shards.waiting
-            or ledger.in_flight
-            or self.runs.runs
-            or ledger.retries
-            or self.delivery.in_transit()
-        )
-
     def _wake_at(self, now: float) -> float:
         """When the loop must take a turn even if no event comes: the earliest of what each
         part is waiting for (in the manner of trio's deadline loop)."""
-        deadline = self.commits.wake_at(now, self._drained())
+        deadline = self.commits.wake_at(now, self._parts.drained())
         busy = bool(self.ledger.in_flight or self.runs.runs)
         for wake in (
             self.ledger.retries.next_due(),

@@ -323,15 +323,17 @@ class Dispatch:
                 error = CallCancelled("not started: a call before it in its chain failed or hung")
                 on_work_done(batch_id, (error,) * len(batch.items), 0.0)
             for item in batch.items:
-                state = self._ledger.partitions.get(item.tp)
-                if state is None or state.epoch != item.epoch:
+                if self._ledger.current(item.tp, item.epoch) is None:
                     # Its partition was revoked meanwhile: as for a stale result.
                     self._ledger.counters.stale += 1
                     self._ledger.to_release += 1
                     self._ledger.shards.stale_done(item)
                 else:
                     items.append(item)
-        if items:
+        if items and self._ledger.dropping:
+            # (a close without drain took the records not started away; these leave too)
+            self._ledger.to_release += len(items)
+        elif items:
             self._ledger.shards.put_back(items)
 
     def recall_chain(self, chain: int) -> None:

@@ -95,6 +95,9 @@ class Ledger:
         self.history: dict[tuple[TopicPartition, int], FailureHistory] = {}
         #: A close is under way: a cancelled call is no failure of its records.
         self.closing = False
+        #: A close without drain took the records not started away: a record whose retry
+        #: comes due now leaves too (uncommitted, its credit returned), as they did.
+        self.dropping = False
         #: Records to dead-letter, for the controller to hand to delivery.
         self.letters_due: list[DueLetter] = []
 
@@ -360,11 +363,17 @@ class Ledger:
         return due
 
     def pop_due_retries(self, now: float) -> list[WorkItem]:
-        """The records whose retry is due, of current assignments (the others release their
-        credit)."""
+        """The records whose retry is due, of current assignments whose lane is still there
+        (the others release their credit: a partition forgotten, or a close without drain that
+        took the lanes away after the record failed)."""
         due = []
+        has_lane = self.shards.has_lane
         for item in self.retries.pop_due(now):
-            if self.current(item.tp, item.epoch) is None:  # pragma: no cover - forgotten
+            if (
+                self.dropping
+                or self.current(item.tp, item.epoch) is None
+                or not has_lane(item.shard_key)
+            ):
                 self.to_release += 1
                 continue
             due.append(item)
@@ -377,12 +386,19 @@ class Ledger:
     def blocking_item(self, tp: TopicPartition, offset: int) -> WorkItem | None:
         """The record at ``offset`` of ``tp`` (a stalled partition's lowest unfinished one):
         inside a handler call, waiting for its retry, or waiting in its lane. None if it was
-        not polled yet (an unfinished offset restored from the committed offset map)."""
+        not polled yet (an unfinished offset restored from the committed offset map). Only
+        records of the partition's current assignment: a call of an earlier one that still
+        runs belongs to no one (its result will be dropped as stale)."""
+        state = self.partitions.get(tp)
+        if state is None:
+            return None
+        epoch = state.epoch
         for batch in self.in_flight:
             for item in batch.items:
-                if item.offset == offset and item.tp == tp:
+                if item.offset == offset and item.tp == tp and item.epoch == epoch:
                     return item
-        return self.retries.find(tp, offset) or self.shards.find(tp, offset)
+        found = self.retries.find(tp, offset) or self.shards.find(tp, offset)
+        return found if found is not None and found.epoch == epoch else None
 
     # -- credit and commits ---------------------------------------------------------------------
 

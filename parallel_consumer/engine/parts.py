@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from parallel_consumer._clock import Clock
-from parallel_consumer._events import ControllerEvent
+from parallel_consumer._events import ControllerEvent, PollerCommand
 from parallel_consumer.engine.commits import Commits
 from parallel_consumer.engine.delivery import Delivery
 from parallel_consumer.engine.dispatch import Dispatch
@@ -21,8 +22,19 @@ from parallel_consumer.hooks import CallSampling, Hooks
 from parallel_consumer.kafka.committers import Committer
 from parallel_consumer.options import Options
 from parallel_consumer.runners.base import Runner
+from parallel_consumer.status import PollerStatistics
 
-__all__ = ["Parts"]
+__all__ = ["Parts", "PollerPort"]
+
+
+class PollerPort(Protocol):
+    """What the controller needs of the poller."""
+
+    def send(self, command: PollerCommand) -> None: ...
+
+    def join(self, timeout: float) -> bool: ...
+
+    def statistics(self) -> PollerStatistics: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +47,17 @@ class Parts:
     watches: Watches
     commits: Commits
     rebalance: Rebalance
+
+    def drained(self) -> bool:
+        """Nothing polled is waiting, running, waiting for a retry or for its outputs."""
+        ledger = self.ledger
+        return not (
+            ledger.shards.waiting
+            or ledger.in_flight
+            or self.runs.runs
+            or ledger.retries
+            or self.delivery.in_transit()
+        )
 
     @classmethod
     def build(

@@ -91,6 +91,7 @@ class Rebalance:
         """A close without drain: every record not started yet leaves the engine (released,
         uncommitted) for the partitions' next owner; runs out are taken back."""
         ledger = self._ledger
+        ledger.dropping = True
         self._runs.stop()
         for tp in list(ledger.partitions):
             ledger.to_release += ledger.shards.remove_partition(tp)

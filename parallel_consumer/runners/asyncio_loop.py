@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from parallel_consumer._clock import Clock
-from parallel_consumer._events import CallResult, WorkDone, WorkDoneMany
+from parallel_consumer._events import CallResult, RunnerReport, WorkDone, WorkDoneMany
 from parallel_consumer.context import PollContext
 from parallel_consumer.errors import ConfigurationError
 from parallel_consumer.hooks import Hooks, NoHooks, active_hooks
@@ -82,7 +82,7 @@ class AsyncioRunner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._handler: Handler | None = None
-        self._done: Callable[[WorkDone], None] | None = None
+        self._done: Callable[[RunnerReport], None] | None = None
         # -- loop thread only --
         #: The task of each call in flight, with its context.
         #: (None while its task is being created: an eager task may end inside create_task.)
@@ -98,7 +98,7 @@ class AsyncioRunner:
 
     # -- any thread -------------------------------------------------------------------------------
 
-    def start(self, handler: Handler, done: Callable[[WorkDone], None]) -> None:
+    def start(self, handler: Handler, done: Callable[[RunnerReport], None]) -> None:
         self._handler = handler
         self._done = done
         loop = _new_loop(self._loop_factory)
@@ -355,7 +355,7 @@ class AsyncioRunner:
             self._done(WorkDone(*results[0]))
         else:
             # (service 0.0: not measured; only the thread runner's chunks measure it)
-            self._done(WorkDoneMany(results, 0.0))  # type: ignore[arg-type]
+            self._done(WorkDoneMany(results, 0.0))
 
     def _cancel_task(self, batch: int, reason: BaseException | None) -> None:
         """Cancel call ``batch``'s task if it still runs. A task cancelled before its first step

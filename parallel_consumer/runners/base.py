@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from parallel_consumer._events import CallResult, WorkDone, WorkDoneMany
+from parallel_consumer._events import CallResult, RunnerReport, WorkDoneMany
 from parallel_consumer.context import PollContext
 from parallel_consumer.errors import ParallelConsumerError
 from parallel_consumer.work.runs import Run
@@ -83,7 +83,7 @@ class Runner(Protocol):
     #: answer to its result (a thread round trip per call); it does not raise ``capacity``.
     backlog: int
 
-    def start(self, handler: Handler, done: Callable[[WorkDone], None]) -> None:
+    def start(self, handler: Handler, done: Callable[[RunnerReport], None]) -> None:
         """Start workers that call ``handler`` and report through ``done``. Raises
         :class:`~parallel_consumer.errors.ConfigurationError` when the runner cannot run
         ``handler`` (nothing is left running then)."""

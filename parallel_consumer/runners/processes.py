@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from parallel_consumer._clock import Clock
-from parallel_consumer._events import WorkDone
+from parallel_consumer._events import RunnerReport, WorkDone
 from parallel_consumer.context import PollContext
 from parallel_consumer.errors import ConfigurationError
 from parallel_consumer.hooks import Hooks, NoHooks
@@ -119,7 +119,7 @@ class ProcessRunner:
         self._wake_r: Connection | None = None
         self._wake_w: Connection | None = None  # written under _lock
         self._handler_bytes = b""
-        self._done: Callable[[WorkDone], None] | None = None
+        self._done: Callable[[RunnerReport], None] | None = None
         self._thread: threading.Thread | None = None
         # -- pool thread only (after start) --
         self._workers: list[WorkerHandle] = []
@@ -134,7 +134,7 @@ class ProcessRunner:
 
     # -- any thread -------------------------------------------------------------------------------
 
-    def start(self, handler: Handler, done: Callable[[WorkDone], None]) -> None:
+    def start(self, handler: Handler, done: Callable[[RunnerReport], None]) -> None:
         """Start the workers and wait until each has loaded the handler."""
         self._handler_bytes = pickled_handler(handler)
         self._done = done

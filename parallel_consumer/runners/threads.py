@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable
 
 from parallel_consumer._clock import Clock
-from parallel_consumer._events import CallResult, RunDone, WorkDone, WorkDoneMany
+from parallel_consumer._events import CallResult, RunDone, RunnerReport, WorkDone, WorkDoneMany
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.hooks import Hooks, NoHooks, active_hooks
 from parallel_consumer.produce import ProducerRecord, outputs_of
@@ -88,7 +88,7 @@ class ThreadRunner:
         self._gate = threading.Lock()
         self._open = True  # guarded by _gate
 
-    def start(self, handler: Handler, done: Callable[[WorkDone], None]) -> None:
+    def start(self, handler: Handler, done: Callable[[RunnerReport], None]) -> None:
         self._done = done
         for index in range(self.capacity):
             thread = threading.Thread(
@@ -248,7 +248,7 @@ class ThreadRunner:
             )
         return not alive
 
-    def _work(self, handler: Handler, done: Callable[[WorkDone], None]) -> None:
+    def _work(self, handler: Handler, done: Callable[[RunnerReport], None]) -> None:
         tasks = self._tasks
         while True:
             task = tasks.get()
@@ -265,7 +265,11 @@ class ThreadRunner:
                 return
 
     def _run_one(
-        self, handler: Handler, done: Callable[[WorkDone], None], batch: int, context: PollContext
+        self,
+        handler: Handler,
+        done: Callable[[RunnerReport], None],
+        batch: int,
+        context: PollContext,
     ) -> bool:
         started = time.perf_counter()
         result = self._call(handler, batch, context)
@@ -274,7 +278,9 @@ class ThreadRunner:
         done(WorkDone(*result, took=time.perf_counter() - started))
         return True
 
-    def _run_chunk(self, handler: Handler, done: Callable[[WorkDone], None], chunk: _Chunk) -> bool:
+    def _run_chunk(
+        self, handler: Handler, done: Callable[[RunnerReport], None], chunk: _Chunk
+    ) -> bool:
         """Returns False once stopped: calls not started then are never reported (the controller
         takes them back on close, like queued ones)."""
         active = self._active
@@ -306,10 +312,12 @@ class ThreadRunner:
         results = chunk.take_results()
         if results or unstarted:
             service = (time.perf_counter() - started) / max(1, ran)
-            done(WorkDoneMany(results, service, unstarted))  # type: ignore[arg-type]
+            done(WorkDoneMany(results, service, unstarted))
         return not stopped
 
-    def _run_records(self, handler: Handler, done: Callable[[WorkDone], None], run: Run) -> bool:
+    def _run_records(
+        self, handler: Handler, done: Callable[[RunnerReport], None], run: Run
+    ) -> bool:
         """Call the handler for each record of ``run`` in turn until one fails, the rest is
         taken back, or the runner stops (then returns False). The hot path of short calls: no
         per-call bookkeeping but ``run.done``."""
@@ -371,10 +379,12 @@ class ThreadRunner:
             run.done = ok
         calls = ok + (error is not None)
         service = (time.perf_counter() - started) / calls if calls else 0.0
-        done(RunDone(run, ok, error, self._clock.monotonic(), service, tuple(samples)))  # type: ignore[arg-type]
+        done(RunDone(run, ok, error, self._clock.monotonic(), service, tuple(samples)))
         return not stopped
 
-    def _run_batches(self, handler: Handler, done: Callable[[WorkDone], None], run: Run) -> bool:
+    def _run_batches(
+        self, handler: Handler, done: Callable[[RunnerReport], None], run: Run
+    ) -> bool:
         """:meth:`_run_records` for a batched run: one handler call per batch of ``run.pending``
         until a batch fails (a raise, or PollContext.fail of any of its records: the report
         carries the outcome of each of its records), the rest is taken back, or the runner
@@ -423,7 +433,7 @@ class ThreadRunner:
             ok += len(batch)
             run.done = ok
         service = (time.perf_counter() - started) / calls if calls else 0.0
-        done(RunDone(run, ok, error, self._clock.monotonic(), service, tuple(samples), errors))  # type: ignore[arg-type]
+        done(RunDone(run, ok, error, self._clock.monotonic(), service, tuple(samples), errors))
         return not stopped
 
     def _call(self, handler: Handler, batch: int, context: PollContext) -> CallResult | None:

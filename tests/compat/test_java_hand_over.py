@@ -32,8 +32,8 @@ from parallel_consumer import (
     PollContext,
     ProcessingOrder,
     Retry,
-    _committed,
 )
+from parallel_consumer.kafka import committed_reader as _committed
 from parallel_consumer.kafka.committed_reader import CommittedReader, ExactReaderUnavailable
 from parallel_consumer.offsets import decode_offset_map, read_committed_metadata
 from parallel_consumer.testing import produce_records

@@ -17,10 +17,10 @@ from typing import Any
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
+from test_controller_state_machine import KEYS, ControllerMachine
 
 from parallel_consumer._events import Control, PartitionsLost, WorkDone
 from parallel_consumer.options import ProcessingOrder
-from tests.property.test_controller_state_machine import KEYS, ControllerMachine
 
 
 class LostAndCloseMachine(ControllerMachine):
@@ -108,6 +108,12 @@ class LostAndCloseMachine(ControllerMachine):
     )
     def poll(self, tp: tuple[str, int], keys: list[bytes | None]) -> None:
         super().poll(tp, keys)
+
+    @precondition(lambda self: self.bundled and not self.closed)
+    @rule(keys=st.lists(st.sampled_from(KEYS), min_size=6, max_size=6))
+    def poll_burst(self, keys: list[bytes | None]) -> None:
+        # (a closed consumer's poller has stopped: nothing is fetched any more)
+        super().poll_burst(keys)
 
     @precondition(lambda self: not self.closed)
     @rule()

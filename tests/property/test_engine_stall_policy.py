@@ -7,9 +7,9 @@ committed past an unfinished record, one live call per lane, the credit bound.""
 from __future__ import annotations
 
 from hypothesis import settings
+from test_controller_state_machine import ControllerMachine
 
 from parallel_consumer.options import ProcessingOrder, StallPolicy
-from tests.property.test_controller_state_machine import ControllerMachine
 
 
 class StallPolicyMachine(ControllerMachine):

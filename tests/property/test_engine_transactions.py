@@ -21,6 +21,8 @@ from typing import Any
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
+from test_controller_state_machine import TPS, ControllerMachine
+from test_engine_lost_and_close import LostAndCloseMachine
 
 from parallel_consumer._events import (
     Assignment,
@@ -33,8 +35,6 @@ from parallel_consumer.kafka.committers import Committer, TransactionalCommitter
 from parallel_consumer.offsets import decode_offset_map
 from parallel_consumer.options import ProcessingOrder
 from parallel_consumer.work.commit_tracker import CommitAnswer
-from tests.property.test_controller_state_machine import TPS, ControllerMachine
-from tests.property.test_engine_lost_and_close import LostAndCloseMachine
 
 
 class TransactionDone(set[int]):
