@@ -96,3 +96,17 @@ def harness(cluster: FakeCluster) -> Iterator[Harness]:
     h = Harness(cluster)
     yield h
     h.close_all()
+
+
+@pytest.fixture
+def default_sigint() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt, as in a plain Python process, for the test's duration
+    (another library of the session, such as pyspark's SparkContext, may have installed its
+    own handler)."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

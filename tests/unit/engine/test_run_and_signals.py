@@ -164,7 +164,7 @@ def test_the_default_close_does_not_drain_buffered_records(harness, cluster, wai
 
 
 def test_an_interrupt_while_closing_closes_fast_without_raising(
-    harness, cluster, wait_until, caplog
+    harness, cluster, wait_until, caplog, default_sigint
 ):
     # Given a handler hung on its record and a close allowed to wait 60 s for it
     cluster.create_topic("t")

@@ -13,7 +13,7 @@ from parallel_consumer import Lifecycle, Options, PollContext
 
 
 def test_a_keyboard_interrupt_in_run_without_signal_handlers_still_closes(
-    harness, cluster, wait_until
+    harness, cluster, wait_until, default_sigint
 ):
     # Given a running consumer that finished records 0..2, and Python's default SIGINT handler
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
