@@ -571,8 +571,9 @@ class ControllerMachine(RuleBasedStateMachine):
     @rule(index=st.integers(min_value=0))
     def run_call_fails_with_output(self, index: int) -> None:
         """poll_and_produce: the call in progress of a run failed its record with
-        PollContext.fail and returned an output. The output is produced at once (no
-        transaction gate here), and the failure applies once it is acknowledged."""
+        PollContext.fail and returned an output. The output is produced at once (or, in the
+        transactional mode, held back while the gate is closed), and the failure applies once it
+        is acknowledged."""
         states = [s for s in self.runner.run_states if s[1] is not None]
         state = states[index % len(states)]
         run, (current,), epoch = state
@@ -584,9 +585,19 @@ class ControllerMachine(RuleBasedStateMachine):
         self._report_run(state, RuntimeError("failed with PollContext.fail"))
         if self.epoch.get(run.tp) == epoch and not abandoned:
             owed = (run.tp, current.offset(), epoch)
-            assert owed in self.outputs.sent_failed, (
-                f"{owed}: the output of a call that failed its record was not sent"
-            )
+            if owed in self.outputs.sent_failed:
+                return
+            # (transactional mode: a commit is wanted, and the gate holds outputs back until
+            # it is answered; the output must then wait among the queued ones)
+            delivery = self.controller.delivery
+            held = [
+                decode_output(output.value)
+                for pending in delivery.pending.queued
+                for output in pending.outputs
+            ]
+            assert delivery.gate is not None, f"{owed}: the output of a failed call was not sent"
+            assert not delivery.gate.open, f"{owed}: not sent while the gate was open"
+            assert owed in held, f"{owed}: the output of a failed call was neither sent nor held"
 
     def _report_run(self, state: list[Any], error: BaseException | None) -> None:
         self.runner.run_states.remove(state)
