@@ -28,6 +28,7 @@ from parallel_consumer.health import HealthReport, PartitionHealth, PartitionSta
 from parallel_consumer.hooks import Hooks, NoHooks, StallReport
 from parallel_consumer.options import (
     CommitMode,
+    GroupProtocol,
     InvalidMetadataPolicy,
     OnExhausted,
     Options,
@@ -56,6 +57,7 @@ __all__ = [
     "ConfigurationError",
     "DeadLetter",
     "DeadlineExceeded",
+    "GroupProtocol",
     "HealthReport",
     "Hooks",
     "InternalError",

@@ -12,6 +12,7 @@ from parallel_consumer.work.item import TopicPartition
 from parallel_consumer.work.runs import Run
 
 __all__ = [
+    "Acknowledge",
     "Assignment",
     "Commit",
     "CommitAnswer",
@@ -74,6 +75,9 @@ class Assignment:
     committed_offset: int | None
     metadata: str | None
     exact_metadata: bool = False
+    #: A partition of a share group (KIP-932): every member reads it, records come in any
+    #: order and again after a release; no offset is committed (``work/partitions.py``).
+    shared: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,4 +300,13 @@ class StopPoller:
     """Close the Kafka client and end the poller thread."""
 
 
-PollerCommand = Commit | Transact | SetPaused | Release | StopPoller
+@dataclass(frozen=True, slots=True)
+class Acknowledge:
+    """Share groups: records that left the engine, each with how the broker should treat it:
+    ``accept`` True (done: processed, skipped or dead-lettered) or False (release it for
+    another delivery)."""
+
+    acks: tuple[tuple[TopicPartition, int, bool], ...]  # (tp, offset, accept)
+
+
+PollerCommand = Commit | Transact | SetPaused | Release | Acknowledge | StopPoller

@@ -31,10 +31,17 @@ from parallel_consumer.errors import ConfigurationError, ParallelConsumerError
 from parallel_consumer.health import HealthReport
 from parallel_consumer.hooks import Hooks, guarded
 from parallel_consumer.kafka.client_log import ClientLog
-from parallel_consumer.kafka.committers import Committer, ConsumerCommitter, TransactionalCommitter
+from parallel_consumer.kafka.committers import (
+    Committer,
+    ConsumerCommitter,
+    ShareCommitter,
+    TransactionalCommitter,
+)
 from parallel_consumer.kafka.dead_letter_topics import dead_letter_topics, prepare_topics
 from parallel_consumer.kafka.poller import Poller, RebalanceCallback
 from parallel_consumer.kafka.producer import Outputs
+from parallel_consumer.kafka.share.poller import SharePoller
+from parallel_consumer.kafka.share.settings import check_share_group, read_settings
 from parallel_consumer.options import Options, RunnerKind
 from parallel_consumer.produce import ProduceResult
 from parallel_consumer.runners.base import Runner, check_signature
@@ -57,6 +64,12 @@ _instances = itertools.count(1)
 _REQUEST_TIMEOUT = 10.0
 #: The longest close timeout taken as given (a year): a larger one means "as long as it takes".
 _LONGEST_CLOSE = 365 * 24 * 3600.0
+
+
+def _share_consumer(config: dict[str, Any]) -> Any:
+    from confluent_kafka import ShareConsumer
+
+    return ShareConsumer(config)
 
 
 def _telemetry(given: Telemetry | bool | None) -> Telemetry | None:
@@ -137,9 +150,10 @@ class ParallelConsumer:
         self._clock = clock or SystemClock()
         self._subscribed = False
         self._handler: Callable[[PollContext], object] | None = None
+        self._consumer_config = config
         try:
-            self._poller = Poller(
-                consumer_factory or Consumer,
+            self._poller: Poller | SharePoller = (SharePoller if options.share_group else Poller)(
+                consumer_factory or (_share_consumer if options.share_group else Consumer),
                 config,
                 post=self._post,
                 limit=options.buffer_limit,
@@ -151,6 +165,8 @@ class ParallelConsumer:
         committer: Committer = (
             TransactionalCommitter(self._poller)
             if options.transactional
+            else ShareCommitter(self._poller, options.commit_mode)
+            if options.share_group
             else ConsumerCommitter(self._poller, options.commit_mode)
         )
         self._controller = Controller(
@@ -269,6 +285,12 @@ class ParallelConsumer:
             runner = self._make_runner(kind)  # an async def handler picked the asyncio runner
         outputs = None
         dead_letters = None
+        if self._options.share_group:
+            # Before anything starts: a broker without share groups, a deadline beyond the
+            # acquisition lock, more retries than the broker delivers (kafka/share/settings.py).
+            check_share_group(
+                self._options, read_settings(self._admin_factory, self._consumer_config)
+            )
         if self._options.dead_lettering:
             # Before anything starts: a missing dead-letter topic is a configuration error.
             topics = dead_letter_topics(self._options, self._topics)

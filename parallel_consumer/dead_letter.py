@@ -22,6 +22,7 @@ from parallel_consumer.errors import DeadLetter
 
 __all__ = [
     "ATTEMPTS",
+    "DELIVERY_COUNT",
     "DLQ_PREFIX",
     "ERROR_MESSAGE",
     "ERROR_MESSAGE_LIMIT",
@@ -57,6 +58,9 @@ ORIGINAL_OFFSET = "pc.dlq.original.offset"
 ORIGINAL_TIMESTAMP = "pc.dlq.original.timestamp"
 #: Failed attempts before the record was dead-lettered (0 for ``DeadLetter`` on the first call).
 ATTEMPTS = "pc.dlq.attempts"
+#: Share groups only: how many times the broker delivered the record (its ``delivery_count``),
+#: across every member of the group (docs/share-groups.md).
+DELIVERY_COUNT = "pc.dlq.delivery.count"
 #: Qualified name of the last error's type, e.g. ``builtins.ValueError``.
 ERROR_TYPE = "pc.dlq.error.type"
 #: ``str()`` of the last error, cut to :data:`ERROR_MESSAGE_LIMIT` characters (its type's
@@ -193,6 +197,7 @@ def dead_letter_headers(
     reason: str,
     trace_id: str | None = None,
     original_headers: Sequence[Header] | None = None,
+    delivery_count: int | None = None,
 ) -> list[Header]:
     """The headers of a dead-lettered record: its own headers (any stale ``pc.dlq.*`` from an
     earlier dead-lettering dropped) followed by the ``pc.dlq.*`` ones. The one builder of them,
@@ -225,6 +230,8 @@ def dead_letter_headers(
     ]
     if trace_id:
         ours.append((TRACE_ID, trace_id))
+    if delivery_count is not None:
+        ours.append((DELIVERY_COUNT, str(delivery_count)))
     # backslashreplace: a lone surrogate (in a message, or a topic name) must not fail the write
     return kept + [(k, v.encode("utf-8", errors="backslashreplace")) for k, v in ours]
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CommitMode",
+    "GroupProtocol",
     "InvalidMetadataPolicy",
     "OnExhausted",
     "Options",
@@ -59,6 +60,17 @@ class CommitMode(enum.Enum):
     #: commit atomically in the library's producer's transaction, every ``commit_interval``
     #: (0.1 s by default in this mode). Needs ``transactional.id`` in ``producer_config``.
     PERIODIC_TRANSACTIONAL_PRODUCER = "periodic_transactional_producer"
+
+
+class GroupProtocol(enum.Enum):
+    """Which kind of Kafka group the instance joins (docs/share-groups.md)."""
+
+    #: A consumer group: partitions are assigned to members; offsets (and the offset map)
+    #: are committed.
+    CONSUMER = "consumer"
+    #: A share group (KIP-932, Apache Kafka 4.2+): every member reads every partition; each
+    #: record is acknowledged on its own (accept or release). ``UNORDERED`` only.
+    SHARE = "share"
 
 
 class RunnerKind(enum.Enum):
@@ -148,6 +160,22 @@ def _member(name: str, enum_type: type[enum.Enum], value: object) -> Any:
     raise ConfigurationError(f"Options.{name} must be one of {choices}; got {value!r}")
 
 
+def _check_share_settings(ordering: ProcessingOrder, commit_mode: CommitMode) -> None:
+    if ordering is not ProcessingOrder.UNORDERED:
+        raise ConfigurationError(
+            f"Options.ordering={ordering.value!r} cannot hold on a share group: the broker hands "
+            "the records of one partition to any member, in any order, and redelivers released "
+            "ones later; set ordering='unordered' (or use a consumer group for KEY/PARTITION "
+            "order)"
+        )
+    if commit_mode is CommitMode.PERIODIC_TRANSACTIONAL_PRODUCER:
+        raise ConfigurationError(
+            "Options.commit_mode=PERIODIC_TRANSACTIONAL_PRODUCER needs a consumer group: a share "
+            "group's acknowledgements cannot join a producer transaction (KIP-932 has no "
+            "exactly-once); use the default commit_mode with group_protocol='share'"
+        )
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Options:
     """Settings of a :class:`~parallel_consumer.ParallelConsumer`.
@@ -173,6 +201,8 @@ class Options:
     #: Records per handler call; the handler receives a PollContext of up to this many records.
     batch_size: int = 1
     commit_mode: CommitMode = CommitMode.PERIODIC_CONSUMER_ASYNC
+    #: A consumer group (default) or a share group (``"share"``, see docs/share-groups.md).
+    group_protocol: GroupProtocol = GroupProtocol.CONSUMER
     #: Time between commits of the offsets (and offset maps) of changed partitions. ``None``
     #: picks 5 s, or 0.1 s in the transactional mode (a transaction stays open that long,
     #: and ``read_committed`` readers see its outputs only once it commits).
@@ -242,6 +272,11 @@ class Options:
         setattr_ = object.__setattr__
         setattr_(self, "ordering", _member("ordering", ProcessingOrder, self.ordering))
         setattr_(self, "commit_mode", _member("commit_mode", CommitMode, self.commit_mode))
+        setattr_(
+            self, "group_protocol", _member("group_protocol", GroupProtocol, self.group_protocol)
+        )
+        if self.group_protocol is GroupProtocol.SHARE:
+            _check_share_settings(self.ordering, self.commit_mode)
         if self.runner is not None:
             runner = self.runner
             if isinstance(runner, str):
@@ -360,6 +395,10 @@ class Options:
         """``commit_interval`` after defaults were applied."""
         assert self.commit_interval is not None
         return self.commit_interval
+
+    @property
+    def share_group(self) -> bool:
+        return self.group_protocol is GroupProtocol.SHARE
 
     @property
     def transactional(self) -> bool:

@@ -56,6 +56,8 @@ class Commits:
         """Commit what is due: every commit interval, and at once (at most every tenth of it)
         once everything polled is finished (``drained``)."""
         ledger = self._ledger
+        if ledger.acks:
+            self._committer.acknowledge(ledger.take_acks())  # (share groups)
         tracker = ledger.commits
         if now >= tracker.next_at:
             if self._delivery.gate is None:

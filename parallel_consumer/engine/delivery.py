@@ -357,6 +357,14 @@ class Delivery:
             )
         else:
             ledger.counters.dead_letter_failures += 1
+            if ledger.acks is not None:
+                # A share group: the record goes back to the broker, never lost; its next
+                # delivery fails (or is given up on) again and writes the letter then.
+                log.warning(
+                    "dead letter of %s[%d]@%d failed, released: %r", *item.tp, item.offset, error
+                )
+                ledger.release(item)
+                return
             ledger.retries.push(item, now + self.letters.failed(letter, error))
 
     def resend_letters(self, items: list[WorkItem]) -> list[WorkItem]:

@@ -45,13 +45,23 @@ from parallel_consumer.work.partitions import PartitionState, RecordTotals, rest
 from parallel_consumer.work.progress import ProgressWatch
 from parallel_consumer.work.retry_queue import RetryQueue
 from parallel_consumer.work.shards import ShardMap
+from parallel_consumer.work.shared import SharedPartitionState
 
-__all__ = ["WARN_FROM_ATTEMPT", "DueLetter", "Ledger", "context_of"]
+__all__ = ["SHARE_HOLD_LIMIT", "WARN_FROM_ATTEMPT", "Ack", "DueLetter", "Ledger", "context_of"]
 
 log = logging.getLogger("parallel_consumer")
 
 #: A record's failed attempts are logged at INFO, and at WARNING from this attempt on.
 WARN_FROM_ATTEMPT = 3
+
+#: Share groups: a retry due within this many seconds waits here and is released once due;
+#: a longer one is released at once (the broker redelivers it, with no delay of its own). The
+#: record's acquisition lock (30 s by default) runs meanwhile: keep this well below it.
+SHARE_HOLD_LIMIT = 5.0
+
+#: Share groups: a record that left the engine, and whether it is done (accept) or goes back
+#: to the broker for another delivery (release).
+Ack = tuple[TopicPartition, int, bool]
 
 #: A record to dead-letter: the item, the error to name in the headers, the reason.
 DueLetter = tuple[WorkItem, BaseException | None, str]
@@ -100,6 +110,9 @@ class Ledger:
         self.dropping = False
         #: Records to dead-letter, for the controller to hand to delivery.
         self.letters_due: list[DueLetter] = []
+        #: Share groups only (None otherwise): the records that left the engine since the last
+        #: turn, to acknowledge (accept or release) through the committer.
+        self.acks: list[Ack] | None = [] if options.share_group else None
 
     # -- the epoch check ------------------------------------------------------------------------
 
@@ -153,6 +166,11 @@ class Ledger:
         items = items_for(self._ordering, tp, epoch, fresh)
         if self.history:
             self._recall_failures(tp, items)
+        if self.acks is not None:
+            for item in items:
+                # The broker counts deliveries: a record redelivered after a failure (here or
+                # on another member) or a member's death has had that many attempts.
+                item.attempts = max(item.attempts, (item.message.delivery_count() or 1) - 1)
         self.shards.add(tp, items)
         self.counters.registered += len(fresh)
 
@@ -173,14 +191,19 @@ class Ledger:
         """New assignments (each partition forgotten first by the controller)."""
         fail = self._options.invalid_metadata_policy is InvalidMetadataPolicy.FAIL
         for a in event.assignments:
-            state = self.partitions[a.tp] = restored_state(
-                a.tp,
-                a.epoch,
-                a.committed_offset,
-                a.metadata,
-                fail_on_invalid=fail,
-                exact=a.exact_metadata,
+            state: PartitionState = (
+                SharedPartitionState(a.tp, a.epoch)
+                if a.shared
+                else restored_state(
+                    a.tp,
+                    a.epoch,
+                    a.committed_offset,
+                    a.metadata,
+                    fail_on_invalid=fail,
+                    exact=a.exact_metadata,
+                )
             )
+            self.partitions[a.tp] = state
             state.totals = self.totals.setdefault(a.tp, state.totals)
 
     def positions(self, event: PositionsReached) -> None:
@@ -247,9 +270,34 @@ class Ledger:
         # (Its failure history, kept in the transactional mode, stays until a commit passes
         # it: the transaction holding its dead letter or outputs may still abort.)
         self.shards.finished(item)
+        if self.acks is not None:
+            self.acks.append((item.tp, item.offset, True))
         blocked = self.commits.blocked
         if blocked and item.tp in blocked:
             self.commits.after_success(state)
+
+    def release(self, item: WorkItem) -> None:
+        """Share groups: ``item`` goes back to the broker unfinished (a retry, a call past its
+        deadline, a dead letter that cannot be written): another delivery will run it."""
+        state = self.partitions.get(item.tp)
+        self.to_release += 1
+        self.shards.finished(item)
+        if (
+            state is None
+            or state.epoch != item.epoch
+            or not isinstance(state, SharedPartitionState)
+        ):
+            return
+        state.released(item.offset)
+        assert self.acks is not None
+        self.acks.append((item.tp, item.offset, False))
+
+    def take_acks(self) -> list[Ack]:
+        acks = self.acks
+        if not acks:
+            return []
+        self.acks = []
+        return acks
 
     def settle_messages(self, state: PartitionState, messages: list[Any]) -> None:
         """Records of ``state``'s partition succeeded, as a stretch (of a run)."""
@@ -261,6 +309,8 @@ class Ledger:
         self.counters.succeeded += count
         self.to_release += count
         tp = state.tp
+        if self.acks is not None:
+            self.acks.extend((tp, offset, True) for offset in offsets)
         track = self.progress.track(tp)
         if track is not None and track.lowest is not None and track.lowest <= highest:
             self.moved.add(tp)
@@ -327,6 +377,9 @@ class Ledger:
             exc_info=error if log.isEnabledFor(logging.DEBUG) else None,
         )
         self._hooks.on_retry(record, error, decision.delay)
+        if self.acks is not None and decision.delay > SHARE_HOLD_LIMIT:
+            self.release(item)  # (a share group: the broker redelivers it)
+            return
         self.shards.retry_later(item)
         self.retries.push(item, decision.due)
 
@@ -369,6 +422,10 @@ class Ledger:
         due = []
         has_lane = self.shards.has_lane
         for item in self.retries.pop_due(now):
+            if self.acks is not None:
+                # A share group: the delay was waited out here; the broker redelivers it.
+                self.release(item)
+                continue
             if (
                 self.dropping
                 or self.current(item.tp, item.epoch) is None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from parallel_consumer.context import RecordContext
 from parallel_consumer.dead_letter import dead_letter_headers, default_topic
@@ -88,6 +89,7 @@ class DeadLetters:
             reason=letter.reason,
             trace_id=self._trace_id(RecordContext(message)) if self._trace_id else None,
             original_headers=message.headers() or None,
+            delivery_count=_delivery_count(message),
         )
         # The record's key (the default partitioner keeps each key's dead letters in order).
         record = ProducerRecord(
@@ -154,3 +156,10 @@ class DeadLetters:
 
     def __repr__(self) -> str:
         return f"<DeadLetters sending={len(self.sending)} waiting={len(self.waiting)}>"
+
+
+def _delivery_count(message: Any) -> int | None:
+    """A share group's record says how often the broker delivered it; others do not."""
+    count = getattr(message, "delivery_count", None)
+    value = count() if callable(count) else None
+    return value if isinstance(value, int) and value > 0 else None

@@ -5,7 +5,8 @@ decides *how*. Every commit goes through one: periodic ones, the final one on cl
 one on revoke. ``commit`` returns a future of the broker's answers, and a partition counts as
 committed only once its answer arrived. The consumer committers hand the offsets to the poller,
 the only owner of the Kafka consumer; a transactional committer (exactly-once) replaces them
-behind the same interface.
+behind the same interface. On a share group (``kafka/share/``) nothing is committed: records are
+acknowledged one by one (``acknowledge``), and a commit only sends the acknowledgements.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Protocol
 
-from parallel_consumer._events import Commit, PollerCommand, Transact
+from parallel_consumer._events import Acknowledge, Commit, PollerCommand, Transact
 from parallel_consumer.options import CommitMode
 from parallel_consumer.work.commit_tracker import CommitAnswer, OffsetCommit
 
-__all__ = ["Committer", "ConsumerCommitter", "TransactionalCommitter"]
+__all__ = ["Committer", "ConsumerCommitter", "ShareCommitter", "TransactionalCommitter"]
+
+#: A record that left the engine: (tp, offset, accept) (see ``engine/ledger.py``'s ``Ack``).
+_Ack = tuple[tuple[str, int], int, bool]
 
 
 class _CommandSink(Protocol):
@@ -32,6 +36,10 @@ class Committer(Protocol):
         """Send ``offsets``; the future resolves with one answer per offset. ``final`` commits
         (close, revoke) must be acknowledged before the partition is let go. ``abort``
         (transactional mode only) aborts the open transaction instead: every offset fails."""
+        ...
+
+    def acknowledge(self, acks: Sequence[_Ack]) -> None:
+        """Share groups only: accept (done) or release (deliver again) each record."""
         ...
 
 
@@ -55,8 +63,23 @@ class ConsumerCommitter:
         self._poller.send(Commit(tuple(offsets), sync=self._sync or final, reply=reply))
         return reply
 
+    def acknowledge(self, acks: Sequence[_Ack]) -> None:
+        raise AssertionError("a consumer group commits offsets; it acknowledges no record")
+
     def __repr__(self) -> str:
         return f"<ConsumerCommitter {'sync' if self._sync else 'async'}>"
+
+
+class ShareCommitter(ConsumerCommitter):
+    """A share group (KIP-932): each record is acknowledged on its own, on the poller thread
+    (``kafka/share/poller.py``); a commit (none is planned: shared partitions never turn dirty)
+    only sends the acknowledgements made so far."""
+
+    def acknowledge(self, acks: Sequence[_Ack]) -> None:
+        self._poller.send(Acknowledge(tuple(acks)))
+
+    def __repr__(self) -> str:
+        return "<ShareCommitter>"
 
 
 class TransactionalCommitter:
@@ -79,6 +102,9 @@ class TransactionalCommitter:
         reply: Future[tuple[CommitAnswer, ...]] = Future()
         self._poller.send(Transact(tuple(offsets), reply=reply, abort=abort))
         return reply
+
+    def acknowledge(self, acks: Sequence[_Ack]) -> None:
+        raise AssertionError("a transaction commits offsets; it acknowledges no record")
 
     def __repr__(self) -> str:
         return "<TransactionalCommitter>"
