@@ -109,7 +109,9 @@ class Dispatch:
         delivery = self._delivery
         modes = sizing.decide_modes(
             can_chunk=features.chunks is not None,
-            can_run=features.runs is not None,
+            # (Not on a share group: a run's calls carry no record's attempts, which there
+            # come from the broker's delivery count.)
+            can_run=features.runs is not None and not options.share_group,
             can_chain=features.chains is not None,
             ordering=options.ordering,
             batch_size=options.batch_size,

@@ -167,18 +167,21 @@ class Ledger:
         if self.history:
             self._recall_failures(tp, items)
         if self.acks is not None:
-            for item in items:
-                # The broker counts deliveries: a record redelivered after a failure (here or
-                # on another member) or a member's death has had that many attempts.
-                item.attempts = max(item.attempts, (item.message.delivery_count() or 1) - 1)
+            _delivered(items)
         self.shards.add(tp, items)
         self.counters.registered += len(fresh)
 
     def items(self, tp: TopicPartition, epoch: int, messages: Sequence[Any]) -> list[WorkItem]:
-        return items_for(self._ordering, tp, epoch, messages)
+        items = items_for(self._ordering, tp, epoch, messages)
+        if self.acks is not None:
+            _delivered(items)
+        return items
 
     def item_of(self, tp: TopicPartition, epoch: int, message: Any) -> WorkItem:
-        return WorkItem(message, tp, shard_key_for(self._ordering, tp, message.key()), epoch)
+        item = WorkItem(message, tp, shard_key_for(self._ordering, tp, message.key()), epoch)
+        if self.acks is not None:
+            _delivered((item,))
+        return item
 
     def _recall_failures(self, tp: TopicPartition, items: list[WorkItem]) -> None:
         history = self.history
@@ -482,6 +485,13 @@ class Ledger:
                 # longer run again (transactional mode).
                 for key in [k for k in history if k[0] == tp and k[1] < offset]:
                     del history[key]
+
+
+def _delivered(items: Sequence[WorkItem]) -> None:
+    """Share groups: the broker counts deliveries; a record redelivered after a failure (here
+    or on another member) or a member's death has had that many attempts."""
+    for item in items:
+        item.attempts = max(item.attempts, (item.message.delivery_count() or 1) - 1)
 
 
 def context_of(item: WorkItem) -> RecordContext:

@@ -150,6 +150,10 @@ def server_properties(
         "share.coordinator.state.topic.num.partitions": "5",
         # Otherwise every first join of a group waits 3 s for more members.
         "group.initial.rebalance.delay.ms": "0",
+        # A share-group member heartbeats every 5 s by default and its first assignment waits
+        # for a heartbeat: seconds of every share-group test's start-up.
+        "group.share.min.heartbeat.interval.ms": "500",
+        "group.share.heartbeat.interval.ms": "500",
     }
     props.update(overrides)
     return props
