@@ -115,8 +115,10 @@ def test_poison_records_are_dead_lettered_after_exactly_max_retries_plus_one_del
         engines.start(config, options, source, handle)
     dlq = dl.default_topic(source)
     wait_until(
-        lambda: len(done) == 2_000 - len(poison)
-        and len(read_with_headers(kafka.bootstrap_servers, dlq, timeout=5)) >= len(poison),
+        lambda: (
+            len(done) == 2_000 - len(poison)
+            and len(read_with_headers(kafka.bootstrap_servers, dlq, timeout=5)) >= len(poison)
+        ),
         timeout=60,
         what="every good record done and every poison record dead-lettered",
     )
@@ -161,6 +163,6 @@ def test_more_retries_than_the_broker_delivers_a_record_are_refused_at_start(
     config = share_config(kafka.bootstrap_servers, _group(), **{"share.delivery.count.limit": "3"})
     pc = ParallelConsumer(config, _share(max_retries=3))
     pc.subscribe(source)
-    with pytest.raises(ConfigurationError, match="share.delivery.count.limit"):
+    with pytest.raises(ConfigurationError, match=r"share\.delivery\.count\.limit"):
         pc.poll(lambda ctx: None)
     pc.close()
