@@ -4,11 +4,16 @@ refused at start (docs/share-groups.md)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +27,8 @@ from parallel_consumer.testing import produce_records
 from parallel_consumer.testing.pytest_plugin import KafkaBroker, TopicFactory
 
 pytestmark = [pytest.mark.kafka, pytest.mark.kafka_requires("share_groups")]
+
+SHARE_APP = Path(__file__).resolve().parents[1] / "share_app.py"
 
 #: Small producer batches: a share fetch hands whole batches to one member, so large ones
 #: would let the first member take a partition's 2,000 record locks at once.
@@ -166,3 +173,80 @@ def test_more_retries_than_the_broker_delivers_a_record_are_refused_at_start(
     with pytest.raises(ConfigurationError, match=r"share\.delivery\.count\.limit"):
         pc.poll(lambda ctx: None)
     pc.close()
+
+
+def test_a_member_killed_mid_run_loses_nothing_and_its_records_keep_their_delivery_count(
+    kafka: KafkaBroker, topic: TopicFactory, engines: Engines
+) -> None:
+    # Given a member in another process and one here, in one share group
+    source = topic(2)
+    group = _group()
+    config = share_config(kafka.bootstrap_servers, group)
+    lines: list[str] = []
+    other = subprocess.Popen(
+        [sys.executable, str(SHARE_APP), kafka.bootstrap_servers, source, group],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+    def read() -> None:
+        assert other.stdout is not None
+        lines.extend(line.strip() for line in other.stdout)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    done: dict[tuple[int, int], list[int]] = defaultdict(list)
+    lock = threading.Lock()
+
+    def handle(ctx: PollContext) -> None:
+        time.sleep(0.02)
+        with lock:
+            done[(ctx.partition, ctx.offset)].append(ctx.attempts)
+
+    try:
+        engines.start(config, _share(max_concurrency=8, max_retries=3), source, handle)
+        time.sleep(4.0)  # (both members joined)
+        produce_records(
+            kafka.bootstrap_servers,
+            source,
+            1_000,
+            partitions=[0, 1],
+            producer_config={"batch.num.messages": 50},
+        )
+        # When the other member is SIGKILLed once it has started 50 calls
+        wait_until(
+            lambda: sum(line.startswith("start ") for line in list(lines)) >= 50,
+            timeout=60,
+            what="the other member to start 50 calls",
+        )
+        other.send_signal(signal.SIGKILL)
+        other.wait(10)
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait()
+        reader.join(5)
+        assert other.stdout is not None
+        other.stdout.close()
+
+    def parsed(kind: str) -> set[tuple[int, int]]:
+        return {
+            (int(p), int(o))
+            for k, p, o, _ in (line.split() for line in lines if line.startswith(kind + " "))
+        }
+
+    finished_there = parsed("done")
+    cut_off = parsed("start") - finished_there
+    # Then every record is finished by one member or the other: none is lost
+    wait_until(
+        lambda: len(set(done) | finished_there) == 1_000,
+        timeout=60,
+        what="every record finished after the kill",
+    )
+    engines.close_all()
+    # And the calls the kill cut off ran again here, counted as a further delivery
+    assert cut_off, "the kill cut off no call"
+    assert cut_off <= set(done)
+    assert all(max(done[key]) >= 1 for key in cut_off), {k: done[k] for k in cut_off}

@@ -13,6 +13,7 @@ from parallel_consumer.bench.contestants.pc import (
     ParallelConsumerContestant,
     ParallelConsumerOtelContestant,
 )
+from parallel_consumer.bench.contestants.pc_share import ParallelConsumerShareContestant
 from parallel_consumer.bench.contestants.pyrallel import PyrallelContestant
 from parallel_consumer.bench.contestants.share import ShareContestant
 
@@ -31,6 +32,7 @@ CONTESTANTS: dict[str, Contestant] = {
         AsyncioFloorContestant(),
         PyrallelContestant(),
         ShareContestant(),
+        ParallelConsumerShareContestant(),
         JavaParallelConsumerContestant(),
     )
 }

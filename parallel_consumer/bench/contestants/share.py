@@ -15,7 +15,45 @@ from parallel_consumer.bench.kafka_io import new_group
 from parallel_consumer.bench.model import Observation, Row
 from parallel_consumer.bench.work import sync_work
 
-__all__ = ["ShareContestant"]
+__all__ = ["ShareContestant", "new_share_group", "share_unavailable", "share_unsupported"]
+
+
+def new_share_group(bootstrap: str) -> str:
+    """A new share group's id, set to start at the earliest offset (a share group starts at
+    the latest one unless its group config says otherwise)."""
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    group = new_group("share")
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    entry = ConfigEntry(
+        "share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET
+    )
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[entry])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
+    return group
+
+
+def share_unavailable() -> str | None:
+    if not hasattr(confluent_kafka, "ShareConsumer"):
+        return (
+            f"confluent-kafka {confluent_kafka.__version__} has no ShareConsumer "
+            "(share groups need a newer confluent-kafka; 2.16.1 has it)"
+        )
+    return None
+
+
+def share_unsupported(row: Row) -> str | None:
+    """Rows a share group cannot run (any contestant on one)."""
+    if row.ordering != "UNORDERED":
+        return "a share group keeps no order; it runs UNORDERED rows only"
+    return None
 
 
 class ShareContestant:
@@ -23,18 +61,13 @@ class ShareContestant:
     description = "confluent-kafka ShareConsumer (share group), thread pool of C, explicit acks"
 
     def unavailable(self) -> str | None:
-        if not hasattr(confluent_kafka, "ShareConsumer"):
-            return (
-                f"confluent-kafka {confluent_kafka.__version__} has no ShareConsumer "
-                "(share groups need a newer confluent-kafka; 2.16.1 has it)"
-            )
-        return None
+        return share_unavailable()
 
     def unsupported(self, row: Row) -> str | None:
         if row.produce is not None:
             return "share does not produce (a produce row measures poll_and_produce)"
-        if row.ordering != "UNORDERED":
-            return "a share group keeps no order; it runs UNORDERED rows only"
+        if (why := share_unsupported(row)) is not None:
+            return why
         if row.batch_size != 1:
             return "share has no batches: its figure is the row's without batch_size"
         if row.work.kind in ("async_sleep", "cpu"):
@@ -42,31 +75,8 @@ class ShareContestant:
         return None
 
     def run(self, env: RunEnv, row: Row, topic: str, ends: dict[int, int]) -> Observation:
-        from confluent_kafka.admin import (  # type: ignore[attr-defined]
-            AdminClient,
-            AlterConfigOpType,
-            ConfigEntry,
-            ConfigResource,
-            ResourceType,
-        )
-
         expected = sum(ends.values())
-        group = new_group("share")
-        # A share group starts at the latest offset unless its group config says otherwise.
-        admin = AdminClient({"bootstrap.servers": env.bootstrap})
-        resource = ConfigResource(
-            ResourceType.GROUP,
-            group,
-            incremental_configs=[
-                ConfigEntry(
-                    "share.auto.offset.reset",
-                    "earliest",
-                    incremental_operation=AlterConfigOpType.SET,
-                )
-            ],
-        )
-        for future in admin.incremental_alter_configs([resource]).values():
-            future.result(timeout=30)
+        group = new_share_group(env.bootstrap)
         work = sync_work(row.work)
 
         def handle(message: Any) -> tuple[int, Any, int, float]:
