@@ -79,6 +79,25 @@ def share_client_config(
             del settings[found.group(1)]
 
 
+def _unsupported(exc: BaseException) -> ConfigurationError | None:
+    """A broker without share groups fails the first heartbeat (UNSUPPORTED_VERSION, fatal):
+    said plainly, within the first poll, rather than as a client error code."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    if not isinstance(exc, KafkaException) or not exc.args:
+        return None
+    error = exc.args[0]
+    if not isinstance(error, KafkaError) or error.code() != KafkaError.UNSUPPORTED_VERSION:
+        return None
+    unsupported = ConfigurationError(
+        "the broker has no share groups (it refused the share-group heartbeat: "
+        f"{error.str()}); share groups (KIP-932) need Apache Kafka 4.2 or later with the "
+        "share.version feature enabled, or use group_protocol='consumer'"
+    )
+    unsupported.__cause__ = exc
+    return unsupported
+
+
 class _Client:
     __slots__ = ("client", "index", "out")
 
@@ -206,9 +225,13 @@ class SharePoller:
                 self._publish()
                 if not polled:
                     self._run_commands(block=True)
-        except BaseException as exc:
-            log.error("share poller failed", exc_info=True)
-            self._post(PollerFailed(exc))
+        except BaseException as raised:
+            exc = _unsupported(raised)
+            if exc is None:
+                log.error("share poller failed", exc_info=True)
+            else:
+                log.error("%s", exc)
+            self._post(PollerFailed(exc or raised))
         finally:
             self._stopping = True
             self._publish()
