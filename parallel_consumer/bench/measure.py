@@ -143,7 +143,7 @@ def measure(row: Row, observation: Observation, ends: Mapping[int, int]) -> Meas
         startup=observation.first_call - observation.started,
         ideal=cpu_ideal(row, expected)
         if row.work.kind == "cpu"
-        else ideal_time(observation.log, row.ordering, row.concurrency),
+        else ideal_time(observation.log, row.ordering, row.concurrency * row.instances),
         duplicates=sum(c - 1 for c in counts.values()),
         missing=missing,
         order_ok=order_kept(observation.log, row.ordering),

@@ -85,6 +85,9 @@ class Row:
     #: W4: the handler returns a ProducerRecord per record for an output topic
     #: (``poll_and_produce``); the value is the commit mode's name, or "" for the default.
     produce: str | None = None
+    #: Members of one group, each with ``concurrency`` (share-group rows: more members than
+    #: partitions; only contestants in ``contestants.MANY_INSTANCES`` run them).
+    instances: int = 1
 
     @property
     def name(self) -> str:

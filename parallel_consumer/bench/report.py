@@ -54,6 +54,7 @@ class RichProgress:
         self.console.rule(
             f"[bold]{row.name}[/]: {data.records:,} records, {data.partitions} partition(s), "
             f"{row.ordering}, C={row.concurrency}, {row.work.describe()}"
+            + (f", {row.instances} instances" if row.instances > 1 else "")
             + (f", batch {row.batch_size}" if row.batch_size > 1 else "")
         )
         self._show(f"{row.name}: producing {data.records:,} records")
@@ -229,6 +230,7 @@ def _row_parameters(row: Row) -> dict[str, Any]:
         "value_size": row.data.value_size,
         "ordering": row.ordering,
         "concurrency": row.concurrency,
+        "instances": row.instances,
         "work": row.work.describe(),
         "batch_size": row.batch_size,
         "commit_interval": row.commit_interval,

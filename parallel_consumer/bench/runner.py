@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from parallel_consumer.bench.contestants import CONTESTANTS, RunEnv
+from parallel_consumer.bench.contestants import CONTESTANTS, MANY_INSTANCES, RunEnv
 from parallel_consumer.bench.kafka_io import end_offsets, prepare_topic
 from parallel_consumer.bench.measure import Measurement, Summary, measure, summarise
 from parallel_consumer.bench.model import DataSet, Row
@@ -87,7 +87,11 @@ def run_rows(
         chosen = []
         skipped = {}
         for name in contestants:
-            reason = CONTESTANTS[name].unsupported(row)
+            reason = (
+                "runs one instance only"
+                if row.instances > 1 and name not in MANY_INSTANCES
+                else CONTESTANTS[name].unsupported(row)
+            )
             if reason is None:
                 chosen.append(name)
             else:

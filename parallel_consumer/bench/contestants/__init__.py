@@ -17,7 +17,7 @@ from parallel_consumer.bench.contestants.pc_share import ParallelConsumerShareCo
 from parallel_consumer.bench.contestants.pyrallel import PyrallelContestant
 from parallel_consumer.bench.contestants.share import ShareContestant
 
-__all__ = ["CONTESTANTS", "DEFAULT_PEERS", "US", "Contestant", "RunEnv"]
+__all__ = ["CONTESTANTS", "DEFAULT_PEERS", "MANY_INSTANCES", "US", "Contestant", "RunEnv"]
 
 #: This library's name in tables and ratios ("ratio to us").
 US = "pc"
@@ -38,4 +38,8 @@ CONTESTANTS: dict[str, Contestant] = {
 }
 
 #: Peers run beside ``pc`` unless ``--peers`` says otherwise.
-DEFAULT_PEERS = ("serial", "raw", "asyncio", "pyrallel", "share", "java-pc")
+DEFAULT_PEERS = ("serial", "raw", "asyncio", "pyrallel", "share", "pc-share", "java-pc")
+
+#: Contestants that run rows with several members in one group (``Row.instances``): a share
+#: group's members all read every partition.
+MANY_INSTANCES = frozenset({"share", "pc-share"})

@@ -59,23 +59,26 @@ class ParallelConsumerShareContestant(ParallelConsumerContestant):
             "group.id": new_share_group(env.bootstrap),
             "log_level": 3,  # (the client warns once that share consumers are in preview)
         }
-        pc = ParallelConsumer(config, self.options(row))
+        members = [ParallelConsumer(config, self.options(row)) for _ in range(row.instances)]
         started = time.time()
         try:
-            pc.subscribe([topic])
-            pc.poll(self._handler(row, recorder))
+            handler = self._handler(row, recorder)
+            for pc in members:
+                pc.subscribe([topic])
+                pc.poll(handler)
             recorder.wait(env.timeout, f"pc-share {row.name}")
             # The clock stops once every record was acknowledged to its client (a share group
             # commits nothing; the acknowledgements travel with the clients' next polls).
             deadline = time.monotonic() + 60
-            while (poller := pc.statistics().poller) is not None and poller.held:
+            while any((p := pc.statistics().poller) is not None and p.held for pc in members):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"pc-share {row.name}: records still held")
                 time.sleep(0.002)
             finished = time.time()
-            stats = pc.statistics()
+            registered = [pc.statistics().records_registered for pc in members]
         finally:
-            pc.close()
+            for pc in members:
+                pc.close()
         assert recorder.first_call is not None
         return Observation(
             started=started,
@@ -84,6 +87,6 @@ class ParallelConsumerShareContestant(ParallelConsumerContestant):
             log=recorder.log,
             extra={
                 "clock": "to the last record's acknowledgement (sent with its client's next poll)",
-                "records_registered": stats.records_registered,
+                "records_registered": registered,
             },
         )

@@ -4,6 +4,7 @@ a share group hands records of one partition to any member, with no order."""
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -84,45 +85,59 @@ class ShareContestant:
             work()
             return message.partition(), message.key(), message.offset(), time.perf_counter() - t0
 
-        consumer = confluent_kafka.ShareConsumer(
-            {
-                "bootstrap.servers": env.bootstrap,
-                "group.id": group,
-                "share.acknowledgement.mode": "explicit",
-                # The client warns once that share consumers are in preview; noise here.
-                "log_level": 3,
-            }
-        )
+        consumers = [
+            confluent_kafka.ShareConsumer(
+                {
+                    "bootstrap.servers": env.bootstrap,
+                    "group.id": group,
+                    "share.acknowledgement.mode": "explicit",
+                    # The client warns once that share consumers are in preview; noise here.
+                    "log_level": 3,
+                }
+            )
+            for _ in range(row.instances)
+        ]
         log: list[tuple[int, Any, int, float]] = []
         done: set[tuple[int, int]] = set()
-        first_call: float | None = None
+        lock = threading.Lock()
+        first_call: list[float] = []
         started = time.time()
         deadline = time.monotonic() + env.timeout
-        try:
+
+        def member(consumer: Any) -> None:
+            """One member of the group: its own poll loop and pool of C threads."""
             consumer.subscribe([topic])
             with ThreadPoolExecutor(row.concurrency, thread_name_prefix="bench-share") as pool:
                 while len(done) < expected:
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"share {row.name}: only {len(done)}/{expected}")
-                    messages = [m for m in consumer.poll(1.0) if not m.error()]
+                    messages = [m for m in consumer.poll(0.1) if not m.error()]
                     if not messages:
                         continue
-                    if first_call is None:
-                        first_call = time.time()
+                    if not first_call:
+                        first_call.append(time.time())
                     # Every record of a poll must be acknowledged before the next poll.
-                    for message, entry in zip(messages, pool.map(handle, messages), strict=True):
-                        log.append(entry)
-                        done.add((entry[0], entry[2]))
+                    entries = list(pool.map(handle, messages))
+                    for message in messages:
                         consumer.acknowledge(message)
-                # Returns once the broker acknowledged the acknowledgements.
-                consumer.commit_sync(60)
-                finished = time.time()
+                    with lock:
+                        log.extend(entries)
+                        done.update((e[0], e[2]) for e in entries)
+            # Returns once the broker acknowledged the acknowledgements.
+            consumer.commit_sync(60)
+
+        try:
+            with ThreadPoolExecutor(row.instances, thread_name_prefix="bench-member") as members:
+                for future in [members.submit(member, c) for c in consumers]:
+                    future.result()
+            finished = time.time()
         finally:
-            consumer.close()
-        assert first_call is not None
+            for consumer in consumers:
+                consumer.close()
+        assert first_call
         return Observation(
             started=started,
-            first_call=first_call,
+            first_call=first_call[0],
             finished=finished,
             log=log,
             extra={"clock": "to commit_sync() of the last acknowledgements"},

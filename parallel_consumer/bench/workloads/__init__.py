@@ -6,13 +6,13 @@ Adding a workload is one module defining ``WORKLOAD`` and one line in :data:`WOR
 from __future__ import annotations
 
 from parallel_consumer.bench.model import Row
-from parallel_consumer.bench.workloads import w1, w1b, w2, w3, w4, w5, w6, w7
+from parallel_consumer.bench.workloads import w1, w1b, w2, w3, w4, w5, w6, w8
 from parallel_consumer.bench.workloads.base import Scale, Workload
 
 __all__ = ["QUICK", "WORKLOADS", "Scale", "Workload", "quick_rows"]
 
 WORKLOADS: dict[str, Workload] = {
-    w.WORKLOAD.id: w.WORKLOAD for w in (w1, w1b, w2, w3, w4, w5, w6, w7)
+    w.WORKLOAD.id: w.WORKLOAD for w in (w1, w1b, w2, w3, w4, w5, w6, w8)
 }
 
 #: What ``--quick`` runs (reduced sizes): the README's main command, a few minutes.
