@@ -33,6 +33,8 @@ SHARE_APP = Path(__file__).resolve().parents[1] / "share_app.py"
 #: Small producer batches: a share fetch hands whole batches to one member, so large ones
 #: would let the first member take a partition's 2,000 record locks at once.
 SMALL_BATCHES = {"batch.num.messages": 100}
+#: The first idempotent producer of a fresh broker waits for its transaction coordinator to load.
+PRODUCE_TIMEOUT = 120.0
 
 
 @pytest.fixture
@@ -75,7 +77,12 @@ def test_four_instances_share_each_partition_and_lose_no_record(
     time.sleep(4.0)  # (the group's assignment: heartbeats every 0.5 s, assignments every 1 s)
     # When 20,000 records arrive, with a 5 ms handler
     produce_records(
-        kafka.bootstrap_servers, source, 20_000, partitions=[0, 1], producer_config=SMALL_BATCHES
+        kafka.bootstrap_servers,
+        source,
+        20_000,
+        partitions=[0, 1],
+        producer_config=SMALL_BATCHES,
+        timeout=PRODUCE_TIMEOUT,
     )
     # Then every record is processed at least once and none is lost
     wait_until(lambda: len(seen) == 20_000, timeout=60, what="every record processed")
@@ -97,7 +104,12 @@ def test_poison_records_are_dead_lettered_after_exactly_max_retries_plus_one_del
     source = topic(2)
     config = share_config(kafka.bootstrap_servers, _group())
     records = produce_records(
-        kafka.bootstrap_servers, source, 2_000, partitions=[0, 1], producer_config=SMALL_BATCHES
+        kafka.bootstrap_servers,
+        source,
+        2_000,
+        partitions=[0, 1],
+        producer_config=SMALL_BATCHES,
+        timeout=PRODUCE_TIMEOUT,
     )
     poison = {(r.partition, r.offset) for i, r in enumerate(records) if i % 200 == 7}
     transient = {(r.partition, r.offset) for i, r in enumerate(records) if i % 33 == 5} - poison
@@ -214,6 +226,7 @@ def test_a_member_killed_mid_run_loses_nothing_and_its_records_keep_their_delive
             1_000,
             partitions=[0, 1],
             producer_config={"batch.num.messages": 50},
+            timeout=PRODUCE_TIMEOUT,
         )
         # When the other member is SIGKILLed once it has started 50 calls
         wait_until(
