@@ -99,10 +99,9 @@ def _unsupported(exc: BaseException) -> ConfigurationError | None:
 
 
 class _Client:
-    __slots__ = ("client", "index", "out")
+    __slots__ = ("client", "out")
 
-    def __init__(self, index: int, client: Any) -> None:
-        self.index = index
+    def __init__(self, client: Any) -> None:
         self.client = client
         #: Records of its last polls the engine has not let go of yet.
         self.out = 0
@@ -129,7 +128,7 @@ class SharePoller:
         )
         first, settings = share_client_config(consumer_factory, configured)
         made = [first] + [consumer_factory(dict(settings)) for _ in range(clients - 1)]
-        self._clients = [_Client(i, c) for i, c in enumerate(made)]
+        self._clients = [_Client(c) for c in made]
         for c in self._clients:
             c.client.set_acknowledgement_commit_callback(self._on_acknowledged)
         self._post = post
