@@ -21,7 +21,13 @@ from dead_letter_support import read_with_headers
 from engine_support import Engines, wait_until
 from share_support import share_config
 
-from parallel_consumer import ConfigurationError, Options, ParallelConsumer, PollContext
+from parallel_consumer import (
+    ConfigurationError,
+    Options,
+    ParallelConsumer,
+    PollContext,
+    ProducerRecord,
+)
 from parallel_consumer import dead_letter as dl
 from parallel_consumer.testing import produce_records
 from parallel_consumer.testing.pytest_plugin import KafkaBroker, TopicFactory
@@ -263,3 +269,51 @@ def test_a_member_killed_mid_run_loses_nothing_and_its_records_keep_their_delive
     assert cut_off, "the kill cut off no call"
     assert cut_off <= set(done)
     assert all(max(done[key]) >= 1 for key in cut_off), {k: done[k] for k in cut_off}
+
+
+def _fails_first_delivery_of_every_fiftieth(ctx: PollContext) -> None:
+    """Module level: the process runner pickles it."""
+    if ctx.offset % 50 == 3 and ctx.attempts == 0:
+        raise ValueError(f"first delivery of {ctx.offset}")
+
+
+def test_the_process_runner_sees_the_delivery_count_as_attempts(
+    kafka: KafkaBroker, topic: TopicFactory, engines: Engines
+) -> None:
+    # Given 200 records, every fiftieth failing on its first delivery only
+    source = topic(2)
+    config = share_config(kafka.bootstrap_servers, _group())
+    produce_records(
+        kafka.bootstrap_servers, source, 200, partitions=[0, 1], timeout=PRODUCE_TIMEOUT
+    )
+    # When worker processes run them on a share group
+    options = _share(runner="process", processes=2, max_retries=2, retry_delay=0.05)
+    pc = engines.start(config, options, source, _fails_first_delivery_of_every_fiftieth)
+    # Then each fails once and succeeds on its redelivery (attempts 1 in the worker)
+    wait_until(lambda: pc.statistics().records_succeeded == 200, timeout=60, what="all done")
+    stats = pc.statistics()
+    assert (stats.records_failed, stats.retries_exhausted) == (len(range(3, 100, 50)) * 2, 0)
+
+
+def test_poll_and_produce_in_batches_writes_every_output_on_a_share_group(
+    kafka: KafkaBroker, topic: TopicFactory
+) -> None:
+    source, output = topic(2), topic(1)
+    config = share_config(kafka.bootstrap_servers, _group())
+    produce_records(
+        kafka.bootstrap_servers, source, 300, partitions=[0, 1], timeout=PRODUCE_TIMEOUT
+    )
+    pc = ParallelConsumer(config, _share(batch_size=10, max_retries=2))
+
+    def handle(ctx: PollContext) -> list[ProducerRecord]:
+        return [ProducerRecord(output, r.value, key=r.key) for r in ctx.records]
+
+    try:
+        pc.subscribe(source)
+        pc.poll_and_produce(handle)
+        wait_until(lambda: pc.statistics().records_succeeded == 300, timeout=60, what="all done")
+        assert pc.statistics().outputs_acknowledged == 300
+    finally:
+        pc.close()
+    values = sorted(r.value for r in read_with_headers(kafka.bootstrap_servers, output))
+    assert values == sorted(f"value-{i}".encode() for i in range(300))
