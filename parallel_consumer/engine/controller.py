@@ -476,6 +476,7 @@ class Controller:
             options=self._options,
             failure=self._failure,
             now=self._clock.monotonic(),
+            refused=self.delivery.refusals.texts,
         )
 
     def statistics(self) -> Statistics:

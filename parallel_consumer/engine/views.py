@@ -25,6 +25,7 @@ def health(
     options: Options,
     failure: BaseException | None,
     now: float,
+    refused: tuple[str, ...] = (),
 ) -> HealthReport:
     return health_report(
         lifecycle,
@@ -45,6 +46,7 @@ def health(
         brokers_down_for=poller.brokers_down_for,
         missing_topics=poller.missing_topics,
         missing_topics_for=poller.missing_topics_for,
+        access_refused=poller.access_refused + refused,
     )
 
 

@@ -6,6 +6,7 @@ a query starts; the records written there carry the headers of :mod:`parallel_co
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -14,6 +15,7 @@ from typing import Any
 from confluent_kafka import KafkaError
 from confluent_kafka.cimpl import NewTopic
 
+from parallel_consumer.client_config import hide_secrets
 from parallel_consumer.dead_letter import default_topic
 from parallel_consumer.errors import ConfigurationError
 from parallel_consumer.kafka.client_log import ClientLog
@@ -85,16 +87,22 @@ def prepare_topics(
     """Make sure every dead-letter topic exists: create the missing ones with as many
     partitions as their input topic (and the broker's default replication). Raises a
     ConfigurationError naming the topic when one is missing and cannot be created."""
+    settings = admin_config(config)
+    servers = str(settings.get("bootstrap.servers"))
+    said = ClientLog("dead-letter admin", servers, reports_health=False)
     try:
-        settings = admin_config(config)
-        servers = str(settings.get("bootstrap.servers"))
-        said = ClientLog("dead-letter admin", servers, reports_health=False)
         admin = admin_factory(said.configure(settings))
         metadata = admin.list_topics(timeout=ADMIN_TIMEOUT)
     except Exception as exc:
+        with contextlib.suppress(Exception):
+            admin.poll(0)  # serves the errors it queued: a refused login says why
+        why = "; ".join(said.refusals.texts) or str(exc)
         raise ConfigurationError(
-            f"could not read the topics of the cluster to check the dead-letter topics "
-            f"({', '.join(sorted(set(topics.values())))}): {exc}"
+            hide_secrets(
+                f"could not read the topics of the cluster to check the dead-letter topics "
+                f"({', '.join(sorted(set(topics.values())))}): {why}",
+                settings,
+            )
         ) from exc
     known = {name: t for name, t in metadata.topics.items() if t.error is None}
     missing: dict[str, int] = {}
