@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import secrets
 import subprocess
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +34,8 @@ _AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 #: keytool is a short-lived JVM: C1 only and the serial collector start it faster on 2 cores.
 _QUICK_JVM = ("-J-XX:TieredStopAtLevel=1", "-J-XX:+UseSerialGC", "-J-Xmx64m")
 _DAYS = "7"
+#: Seconds a grant or revoke may take to reach the broker's authorizer.
+_ACL_WAIT = 30.0
 
 
 class BrokerSecurity:
@@ -182,8 +185,9 @@ class BrokerSecurity:
         self._passwords[user] = password
         return password
 
-    def grant(
+    def change_acls(
         self,
+        change: Literal["grant", "revoke"],
         user: str,
         resource: str,
         name: str,
@@ -191,32 +195,42 @@ class BrokerSecurity:
         *,
         prefixed: bool = False,
     ) -> None:
-        """Allow ``user`` ``operations`` (``"READ"``, ``"WRITE"``, ``"DESCRIBE"``, ...) on the
-        ``resource`` (``"topic"``, ``"group"``, ``"transactional_id"``, ``"cluster"``) named
-        ``name`` (a prefix of names with ``prefixed``)."""
-        bindings = self._bindings(user, resource, name, operations, prefixed)
-        self._admin_call(f"granting {user!r} {resource} {name!r}", "create_acls", bindings)
-
-    def revoke(
-        self,
-        user: str,
-        resource: str,
-        name: str,
-        operations: Iterable[str],
-        *,
-        prefixed: bool = False,
-    ) -> None:
-        """Take back what :meth:`grant` with the same arguments allowed."""
+        """Allow (``"grant"``), or stop allowing (``"revoke"``), ``user`` ``operations``
+        (``"READ"``, ``"WRITE"``, ``"DESCRIBE"``, ...) on the ``resource`` (``"topic"``,
+        ``"group"``, ``"transactional_id"``, ``"cluster"``) named ``name`` (a prefix of names
+        with ``prefixed``)."""
         from confluent_kafka.admin import AclBindingFilter  # type: ignore[attr-defined]
 
+        bindings = self._bindings(user, resource, name, operations, prefixed)
         filters = [
             AclBindingFilter(
                 b.restype, b.name, b.resource_pattern_type, b.principal, b.host, b.operation,
                 b.permission_type,
             )
-            for b in self._bindings(user, resource, name, operations, prefixed)
+            for b in bindings
         ]  # fmt: skip
-        self._admin_call(f"revoking {user!r} {resource} {name!r}", "delete_acls", filters)
+        what = f"{change} {user!r} {resource} {name!r}"
+        grant = change == "grant"
+        self._admin_call(
+            what, "create_acls" if grant else "delete_acls", bindings if grant else filters
+        )
+        # The controller has it; wait until the broker's authorizer does too, so that a test's
+        # next request sees the change (a refusal would stay in the client's metadata cache).
+        self._wait_for_acls(what, filters, present=grant)
+
+    def _wait_for_acls(self, what: str, filters: list[Any], *, present: bool) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        assert self._bootstrap is not None
+        admin = AdminClient({**self.client_config(self._bootstrap), "log_level": 3})
+        deadline = time.monotonic() + _ACL_WAIT
+        while True:
+            found = [bool(admin.describe_acls(f, request_timeout=10).result(10)) for f in filters]
+            if all(seen == present for seen in found):
+                return
+            if time.monotonic() > deadline:
+                raise LocalKafkaError(f"{what}: the broker did not apply it within {_ACL_WAIT} s")
+            time.sleep(0.05)
 
     # -- internals ----------------------------------------------------------------------------
 

@@ -209,11 +209,11 @@ class LocalKafka:
     def grant(self, user: str, resource: str, name: str, *operations: str, **kw: bool) -> None:
         """Allow ``user`` ``operations`` on a resource: ``grant("alice", "topic", "orders",
         "READ", "DESCRIBE")``; ``prefixed=True`` for every name starting with ``name``."""
-        self._secured().grant(user, resource, name, operations, **kw)
+        self._secured().change_acls("grant", user, resource, name, operations, **kw)
 
     def revoke(self, user: str, resource: str, name: str, *operations: str, **kw: bool) -> None:
         """Take back what :meth:`grant` with the same arguments allowed."""
-        self._secured().revoke(user, resource, name, operations, **kw)
+        self._secured().change_acls("revoke", user, resource, name, operations, **kw)
 
     def _secured(self) -> BrokerSecurity:
         if self._security is None:

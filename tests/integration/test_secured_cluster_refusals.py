@@ -27,7 +27,13 @@ from secured_support import (
     wait_for,
 )
 
-from parallel_consumer import Options, ParallelConsumer, PollContext, ProducerRecord
+from parallel_consumer import (
+    ConfigurationError,
+    Options,
+    ParallelConsumer,
+    PollContext,
+    ProducerRecord,
+)
 from parallel_consumer.testing import LocalKafka, produce_records
 
 pytestmark = [pytest.mark.kafka, pytest.mark.security]
@@ -189,3 +195,24 @@ def test_a_missing_acl_holds_records_uncommitted_until_granted_and_loses_nothing
     outputs = {int(m.value()) for m in read_all(secured, out)}
     assert outputs == set(range(RECORDS)) - {4}
     assert [m.value() for m in read_all(secured, dead_letters)] == [b"value-4"]
+
+
+def test_with_dead_letters_a_wrong_password_stops_the_start_with_the_refused_login(
+    secured: LocalKafka,
+) -> None:
+    # Given dead-lettering on: the dead-letter topics are checked at start, by an admin client
+    config = consumer_config(secured, "app", unique("g"))
+    config["sasl.password"] = KNOWN_PASSWORD + "-wrong"
+    pc = ParallelConsumer(config, Options(dead_letter_topic=unique("dlq")))
+    pc.subscribe([_source(secured)])
+    began = time.monotonic()
+    try:
+        # When processing starts: then it fails at once, saying the login was refused
+        with pytest.raises(ConfigurationError, match="Authentication failed") as refused:
+            pc.poll(lambda ctx: None)
+    finally:
+        pc.close()
+    took = time.monotonic() - began
+    print(f"the start failed after {took:.1f} s")
+    assert took < CLEAR_ERROR_WITHIN
+    assert "sasl.username and sasl.password" in str(refused.value)

@@ -5,6 +5,7 @@ the same thing succeeds, and never exhausts a record's retries (a grant mends it
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,21 +21,11 @@ from parallel_consumer.status import Lifecycle
 from parallel_consumer.work.outcomes import DeadLetterNow, RetryAt, decide
 
 
-class _Message:
-    def __init__(self, topic: str = "t") -> None:
-        self._topic = topic
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return 0
-
-    def offset(self) -> int:
-        return 7
-
-    def key(self) -> bytes:
-        return b"k"
+def _message(topic: str = "t") -> Any:
+    """What a delivery report's message and a record context read: the topic, the rest fixed."""
+    return SimpleNamespace(
+        topic=lambda: topic, partition=lambda: 0, offset=lambda: 7, key=lambda: b"k"
+    )
 
 
 def test_login_and_acl_errors_are_refusals_and_transport_errors_are_not() -> None:
@@ -84,7 +75,7 @@ def test_a_refusal_ends_when_the_same_thing_succeeds_and_only_then() -> None:
 
 def test_a_refused_output_is_an_access_denied_naming_its_topic() -> None:
     error = _not_delivered(
-        0, KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"), _Message("out")
+        0, KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"), _message("out")
     )
     assert isinstance(error, AccessDenied)
     assert error.topic == "out"
@@ -93,7 +84,7 @@ def test_a_refused_output_is_an_access_denied_naming_its_topic() -> None:
 
 def test_an_access_denied_never_exhausts_retries_while_other_failures_do() -> None:
     options = Options(max_retries=2, dead_letter_topic="dlq")
-    record = RecordContext(_Message(), 50)
+    record = RecordContext(_message(), 50)
     assert isinstance(decide(AccessDenied("refused"), record, 0.0, options), RetryAt)
     assert isinstance(decide(ValueError(), record, 0.0, options), DeadLetterNow)
 
