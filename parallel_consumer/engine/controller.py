@@ -476,7 +476,6 @@ class Controller:
             options=self._options,
             failure=self._failure,
             now=self._clock.monotonic(),
-            refused=self.delivery.refusals.texts,
         )
 
     def statistics(self) -> Statistics:

@@ -23,7 +23,6 @@ from parallel_consumer.engine.ledger import Ledger
 from parallel_consumer.engine.letters import DeadLetters, Letter
 from parallel_consumer.errors import AccessDenied, RetriesExhausted
 from parallel_consumer.hooks import Hooks
-from parallel_consumer.kafka.access import Refusals
 from parallel_consumer.kafka.producer import Outputs
 from parallel_consumer.options import ProcessingOrder
 from parallel_consumer.produce import ProduceError, ProduceResult, ProducerRecord, outputs_of
@@ -87,8 +86,6 @@ class Delivery:
         self.letters: DeadLetters | None = None
         #: Revokes waiting for the transaction that commits their partitions (transactional).
         self.revokes: list[WaitingRevoke] = []
-        #: Topics the brokers refused outputs or dead letters on, until one is written there.
-        self.refusals = Refusals()
 
     def configure(
         self,
@@ -203,12 +200,14 @@ class Delivery:
         self._ledger.settle(batch, pending.errors or (None,) * len(batch.items), now)
 
     def _note_access(self, topic: str, result: object) -> None:
-        """Keep :attr:`refusals` up to date with one output's report (health() shows them)."""
+        """Keep the ledger's refusals (a topic refused until one write there succeeds) up to
+        date with one output's report; health() shows them."""
+        refusals = self._ledger.refusals
         if isinstance(result, AccessDenied):
-            if self.refusals.refused(("write", result.topic or topic), str(result)):
+            if refusals.refused(("write", result.topic or topic), str(result)):
                 log.error("Kafka refused access: %s", result)
         elif isinstance(result, tuple):
-            self.refusals.allowed(("write", topic))
+            refusals.allowed(("write", topic))
 
     def _report_produced(self, pending: Pending, results: Delivered) -> None:
         assert self.on_produced is not None
@@ -291,7 +290,7 @@ class Delivery:
         if failures is None:
             counters.outputs_acknowledged += len(pending.outputs)
             for record in pending.outputs:
-                self.refusals.allowed(("write", record.topic))
+                self._ledger.refusals.allowed(("write", record.topic))
         else:
             for error in failures.values():
                 self._note_access("?", error)

@@ -1,5 +1,5 @@
-"""Kafka refusing a client access: which client errors mean that, what each needs granted,
-and the refusals in force (:class:`Refusals`), which ``health()`` reports until they end.
+"""Kafka refusing a client access: which client errors mean that, and what each needs granted
+(the refusals in force, which ``health()`` reports until they end, are ``work/refusals.py``).
 
 An authentication failure (wrong password, unknown user, a certificate the brokers do not
 trust) is reported by librdkafka through ``error_cb`` and retried for ever; an authorization
@@ -15,7 +15,6 @@ from confluent_kafka import KafkaError
 __all__ = [
     "AUTHENTICATION_ERRORS",
     "AUTHORIZATION_ERRORS",
-    "Refusals",
     "is_refusal",
     "what_to_grant",
 ]
@@ -52,33 +51,3 @@ def what_to_grant(code: int, operation: str, name: str | None = None) -> str:
         f"the client's principal lacks the {operation} permission on {resource}{named}: grant "
         "it with an ACL (see docs/operations.md)"
     )
-
-
-class Refusals:
-    """The refusals in force, by what was refused (a topic written to, the client's login, the
-    group): set when the brokers refuse, ended when the same thing succeeds. Owned by one
-    thread; other threads read :attr:`texts` (a tuple, replaced whole)."""
-
-    def __init__(self) -> None:
-        self._by_key: dict[object, str] = {}
-        self.texts: tuple[str, ...] = ()
-
-    def refused(self, key: object, text: str) -> bool:
-        """Record a refusal (its latest text); True when none was in force for ``key``."""
-        new = key not in self._by_key
-        self._by_key[key] = text
-        self.texts = tuple(self._by_key.values())
-        return new
-
-    def allowed(self, key: object) -> None:
-        """``key`` succeeded: its refusal (if any) is over."""
-        if self._by_key.pop(key, None) is not None:
-            self.texts = tuple(self._by_key.values())
-
-    def clear(self) -> None:
-        if self._by_key:
-            self._by_key.clear()
-            self.texts = ()
-
-    def __bool__(self) -> bool:
-        return bool(self._by_key)

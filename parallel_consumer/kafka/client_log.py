@@ -38,7 +38,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from parallel_consumer.kafka.access import Refusals, is_refusal, what_to_grant
+from parallel_consumer.kafka.access import is_refusal, what_to_grant
+from parallel_consumer.work.refusals import Refusals
 
 __all__ = ["PROBE_EVERY", "PROBE_TIMEOUT", "REPEAT_AFTER", "ClientLog"]
 

@@ -14,11 +14,12 @@ from confluent_kafka import KafkaError
 from parallel_consumer import Options, RecordContext
 from parallel_consumer.errors import AccessDenied
 from parallel_consumer.health import health_report
-from parallel_consumer.kafka.access import Refusals, is_refusal, what_to_grant
+from parallel_consumer.kafka.access import is_refusal, what_to_grant
 from parallel_consumer.kafka.client_log import ClientLog
 from parallel_consumer.kafka.producer import _not_delivered
 from parallel_consumer.status import Lifecycle
 from parallel_consumer.work.outcomes import DeadLetterNow, RetryAt, decide
+from parallel_consumer.work.refusals import Refusals
 
 
 def _message(topic: str = "t") -> Any:
