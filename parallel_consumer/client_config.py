@@ -1,5 +1,12 @@
 """The librdkafka settings of the clients a ParallelConsumer opens: checked once, with the
-library's defaults applied (the group consumer's and the output producer's)."""
+library's defaults applied (the group consumer's and the output producer's).
+
+The connection settings (:func:`connection_settings`: the brokers, the security protocol, SASL
+and TLS) are given once, in the consumer's configuration; every other client the library opens
+(the output and dead-letter producer, the transactional producer, the admin client that checks
+dead-letter topics, the exact committed-offset reader) inherits them unless its own
+configuration sets them. :func:`redacted` and :func:`hide_secrets` keep the secrets among them
+out of anything printed or logged."""
 
 from __future__ import annotations
 
@@ -12,7 +19,16 @@ from typing import Any
 from parallel_consumer.errors import ConfigurationError
 from parallel_consumer.options import Options
 
-__all__ = ["FETCH_QUEUE_BACKOFF_MS", "checked_consumer_config", "checked_producer_config"]
+__all__ = [
+    "FETCH_QUEUE_BACKOFF_MS",
+    "REDACTED",
+    "checked_consumer_config",
+    "checked_producer_config",
+    "connection_settings",
+    "hide_secrets",
+    "is_secret",
+    "redacted",
+]
 
 #: Producer settings the library relies on: delivery reports for every output.
 _RESERVED_PRODUCER_SETTINGS = ("on_delivery", "delivery.report.only.error", "dr_cb", "dr_msg_cb")
@@ -20,6 +36,70 @@ _RESERVED_PRODUCER_SETTINGS = ("on_delivery", "delivery.report.only.error", "dr_
 #: The consumer's ``fetch.queue.backoff.ms`` unless ``consumer_config`` sets it (see
 #: ``checked_consumer_config``).
 FETCH_QUEUE_BACKOFF_MS = 20
+
+
+#: How a client reaches and authenticates to the brokers: handed from the consumer's
+#: configuration to every other client the library opens.
+_CONNECTION_SETTINGS = frozenset(
+    {
+        "bootstrap.servers",
+        "security.protocol",
+        "broker.address.family",
+        "client.dns.lookup",
+        "client.rack",
+        "enable.ssl.certificate.verification",
+        "enable.sasl.oauthbearer.unsecure.jwt",
+        "oauth_cb",
+        "socket.keepalive.enable",
+        "socket.connection.setup.timeout.ms",
+    }
+)
+_CONNECTION_PREFIXES = ("sasl.", "ssl.", "ssl_", "https.")
+
+#: What a secret's value is shown as.
+REDACTED = "[redacted]"
+#: Parts of a setting's name that mark its value as a secret (passwords, keys, client
+#: secrets, JAAS configurations, a Schema Registry's user info).
+_SECRET_MARKS = (
+    "password",
+    "secret",
+    "key.pem",
+    "ssl_key",
+    "jaas",
+    "oauthbearer.config",
+    "user.info",
+)
+
+
+def connection_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of ``config`` that say how to reach and log in to the brokers."""
+    return {
+        key: value
+        for key, value in config.items()
+        if key in _CONNECTION_SETTINGS or key.startswith(_CONNECTION_PREFIXES)
+    }
+
+
+def is_secret(key: str) -> bool:
+    """Whether the value of the setting ``key`` must never be shown."""
+    name = key.lower()
+    return any(mark in name for mark in _SECRET_MARKS)
+
+
+def redacted(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with the value of every secret setting replaced by ``REDACTED``: for
+    anything that prints or logs a configuration."""
+    return {key: REDACTED if is_secret(str(key)) else value for key, value in config.items()}
+
+
+def hide_secrets(text: str, *configs: Mapping[str, Any]) -> str:
+    """``text`` (an error message, say) with the value of every secret setting of ``configs``
+    replaced by ``REDACTED``, wherever it appears."""
+    for config in configs:
+        for key, value in config.items():
+            if is_secret(str(key)) and isinstance(value, str) and value:
+                text = text.replace(value, REDACTED)
+    return text
 
 
 def checked_consumer_config(config: object) -> dict[str, Any]:
@@ -59,9 +139,9 @@ def checked_consumer_config(config: object) -> dict[str, Any]:
 def checked_producer_config(
     config: Mapping[str, Any] | None, consumer_config: Mapping[str, Any], options: Options
 ) -> dict[str, Any]:
-    """The producer's settings: ``bootstrap.servers`` from the consumer's unless given,
-    idempotence on unless turned off, and, in the transactional mode, a ``transactional.id``
-    derived per instance from the given prefix."""
+    """The producer's settings: the connection settings (brokers, security) from the
+    consumer's unless given, idempotence on unless turned off, and, in the transactional
+    mode, a ``transactional.id`` derived per instance from the given prefix."""
     result = dict(config or {})
     for name in _RESERVED_PRODUCER_SETTINGS:
         if name in result:
@@ -69,7 +149,8 @@ def checked_producer_config(
                 f"producer_config sets {name!r}: the library needs a delivery report for every "
                 "output; use poll_and_produce(on_produced=...) to see them"
             )
-    result.setdefault("bootstrap.servers", consumer_config["bootstrap.servers"])
+    for key, value in connection_settings(consumer_config).items():
+        result.setdefault(key, value)
     result.setdefault("enable.idempotence", True)
     prefix = result.get("transactional.id")
     if options.transactional:

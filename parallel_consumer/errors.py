@@ -12,6 +12,7 @@ from typing import Any
 
 __all__ = [
     "NEVER_RETRIED",
+    "AccessDenied",
     "ConfigurationError",
     "DeadLetter",
     "DeadlineExceeded",
@@ -72,6 +73,18 @@ class ProduceError(ParallelConsumerError):
     """An output of a ``poll_and_produce`` call was not delivered (or could not be sent). The
     call's input records fail with it (``RecordContext.last_failure``) and are retried; nothing
     is committed past them."""
+
+
+class AccessDenied(ProduceError):
+    """Kafka refused an output or a dead letter: the client's principal lacks a permission
+    (an ACL, e.g. WRITE on the topic). The message names the permission and the resource. The
+    call's records are retried until it is granted, never dead-lettered or skipped for it (no
+    retry limit applies), so nothing is lost; ``health()`` is unhealthy meanwhile."""
+
+    def __init__(self, message: str, *, topic: str | None = None) -> None:
+        super().__init__(message)
+        #: The topic the output or dead letter was refused on.
+        self.topic = topic
 
 
 class SerializationError(ParallelConsumerError):

@@ -109,6 +109,10 @@ class HealthReport:
     #: Subscriptions (names or ``^regex``) that match no topic of the cluster; unhealthy once
     #: no subscription has matched any for ``MISSING_TOPICS_UNHEALTHY_AFTER`` seconds.
     missing_topics: tuple[str, ...] = ()
+    #: The brokers' refusals in force: a failed login, or a missing ACL (on the group, a topic
+    #: read, an output or dead-letter topic written to), each naming what to check or grant.
+    #: Unhealthy at once while there is one: it does not mend itself.
+    access_refused: tuple[str, ...] = ()
 
 
 def partition_health(
@@ -191,6 +195,7 @@ def health_report(
     brokers_down_for: float | None = None,
     missing_topics: tuple[str, ...] = (),
     missing_topics_for: float | None = None,
+    access_refused: tuple[str, ...] = (),
 ) -> HealthReport:
     """Assemble a report and say why it is unhealthy (pure)."""
     reasons = []
@@ -206,6 +211,7 @@ def health_report(
             f"the subscription matches no topic for {missing_topics_for:.1f}s: "
             f"{', '.join(repr(t) for t in missing_topics)} (a typo, or not created yet?)"
         )
+    reasons.extend(f"Kafka refused access: {text}" for text in access_refused)
     if lifecycle in (Lifecycle.CLOSING, Lifecycle.CLOSED):
         reasons.append(f"lifecycle is {lifecycle.name}")
     stalled = tuple((p.topic, p.partition) for p in partitions if p.stalled)
@@ -232,4 +238,5 @@ def health_report(
         failure=None if failure is None else repr(failure),
         brokers_down_for=brokers_down_for,
         missing_topics=missing_topics,
+        access_refused=access_refused,
     )

@@ -66,6 +66,9 @@ class PollerStatistics:
     missing_topics: tuple[str, ...] = ()
     #: Seconds since no subscription matches any topic (None while one does).
     missing_topics_for: float | None = None
+    #: The brokers' refusals of the consumer in force (a failed login, a missing ACL on the
+    #: group or a topic); ``health()`` is unhealthy while there is one.
+    access_refused: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

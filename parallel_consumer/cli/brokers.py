@@ -1,5 +1,11 @@
 """How a ``pc`` command talks to Kafka: the options every such command takes (``--bootstrap``,
-``--config``, ``--timeout``), the clients' settings, and the one-line error it ends with.
+``--config``, ``--command-config``, ``--timeout``), the clients' settings, and the one-line
+error it ends with.
+
+Security settings are given once, with ``--config KEY=VALUE`` or in a ``--command-config`` file
+in the Kafka tools' properties format, and every client of the command gets them. A Java
+client's ``sasl.jaas.config`` (PLAIN or SCRAM) becomes librdkafka's ``sasl.username`` and
+``sasl.password``; secrets never appear in the command's output (see ``client_config.redacted``).
 
 librdkafka's own log goes to the ``parallel_consumer.cli.kafka`` logger (the ``logger``
 setting), not to stderr: an unreachable broker would otherwise print a line per reconnect
@@ -11,13 +17,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from parallel_consumer._arguments import config_pair, seconds
+from parallel_consumer._arguments import config_pair, properties_file, seconds
+from parallel_consumer.client_config import hide_secrets
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -26,6 +34,7 @@ __all__ = [
     "add_connection_arguments",
     "client_config",
     "describe_failure",
+    "given_settings",
     "reach",
 ]
 
@@ -71,7 +80,16 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a librdkafka client setting for every client (security, ...; repeatable)",
+        help="a librdkafka client setting for every client (security, ...; repeatable; wins "
+        "over --command-config)",
+    )
+    parser.add_argument(
+        "--command-config",
+        type=properties_file,
+        default=[],
+        metavar="FILE",
+        help="client settings in a properties file, as the Kafka tools take it (a Java "
+        "client's sasl.jaas.config with a username and password is understood)",
     )
     parser.add_argument(
         "--timeout",
@@ -83,8 +101,37 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def client_config(args: argparse.Namespace, **settings: Any) -> dict[str, Any]:
-    """The settings of a client of ``args.bootstrap``: ``settings``, then ``--config``."""
-    return {"bootstrap.servers": args.bootstrap, "logger": LOG, **settings, **dict(args.config)}
+    """The settings of a client of ``args.bootstrap``: ``settings``, then the given ones."""
+    return {"bootstrap.servers": args.bootstrap, "logger": LOG, **settings, **given_settings(args)}
+
+
+#: ``username="..."`` / ``password="..."`` in a JAAS configuration (PLAIN, SCRAM).
+_JAAS_OPTION = re.compile(r'\b(username|password)\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+
+def given_settings(args: argparse.Namespace) -> dict[str, str]:
+    """``--command-config``'s settings, then ``--config``'s; a ``sasl.jaas.config`` turned
+    into ``sasl.username``/``sasl.password`` (librdkafka has no JAAS)."""
+    settings = dict(getattr(args, "command_config", []) or [])
+    settings.update(dict(args.config))
+    jaas = settings.pop("sasl.jaas.config", None)
+    if jaas is not None:
+        options = {name: value.replace('\\"', '"') for name, value in _JAAS_OPTION.findall(jaas)}
+        if not options:
+            raise CommandError(
+                'sasl.jaas.config has no username="..." password="..." (only PLAIN and '
+                "SCRAM logins are understood); give sasl.username and sasl.password instead"
+            )
+        settings.setdefault("sasl.username", options.get("username", ""))
+        settings.setdefault("sasl.password", options.get("password", ""))
+    for key in [k for k in settings if k.startswith("ssl.truststore.")]:
+        if key == "ssl.truststore.location":
+            raise CommandError(
+                "ssl.truststore.location is a Java client's setting: librdkafka reads the CA "
+                "certificates from a PEM file, give it with ssl.ca.location"
+            )
+        del settings[key]  # its password or type: meaningless without the location
+    return settings
 
 
 def reach(bootstrap: str, timeout: float, config: Mapping[str, Any] | None = None) -> None:
@@ -98,7 +145,9 @@ def reach(bootstrap: str, timeout: float, config: Mapping[str, Any] | None = Non
         admin.list_topics(timeout=timeout)
     except KafkaException as exc:
         admin.poll(0)  # serves the client's queued log lines: the last one is the reason
-        raise CommandError(describe_failure(exc, bootstrap, timeout)) from exc
+        raise CommandError(
+            hide_secrets(describe_failure(exc, bootstrap, timeout), settings)
+        ) from exc
 
 
 def describe_failure(exc: BaseException, bootstrap: str, timeout: float) -> str:

@@ -34,6 +34,7 @@ from parallel_consumer.cli.brokers import (
     CommandError,
     add_connection_arguments,
     describe_failure,
+    given_settings,
     reach,
 )
 from parallel_consumer.cli.dlq_records import (
@@ -177,7 +178,7 @@ def _show(args: argparse.Namespace, out: TextIO) -> int:
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     try:
-        reach(args.bootstrap, args.timeout, dict(args.config))
+        reach(args.bootstrap, args.timeout, given_settings(args))
         if args.dlq_command == "show":
             return _show(args, out)
         return redrive(args, out)

@@ -27,6 +27,7 @@ from parallel_consumer.cli.brokers import (
     add_connection_arguments,
     client_config,
     describe_failure,
+    given_settings,
     reach,
 )
 from parallel_consumer.kafka.committed_reader import CommittedReader
@@ -216,7 +217,7 @@ def _committed(
 
 
 def reports(args: argparse.Namespace) -> list[PartitionReport]:
-    reach(args.bootstrap, args.timeout, dict(args.config))
+    reach(args.bootstrap, args.timeout, given_settings(args))
     config = client_config(args, **{"group.id": args.group, "enable.auto.commit": False})
     consumer = Consumer(config)
     try:

@@ -21,7 +21,7 @@ from parallel_consumer._events import OutputsDelivered, PartitionsRevoked
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.engine.ledger import Ledger
 from parallel_consumer.engine.letters import DeadLetters, Letter
-from parallel_consumer.errors import RetriesExhausted
+from parallel_consumer.errors import AccessDenied, RetriesExhausted
 from parallel_consumer.hooks import Hooks
 from parallel_consumer.kafka.producer import Outputs
 from parallel_consumer.options import ProcessingOrder
@@ -175,6 +175,8 @@ class Delivery:
         if pending is None:  # pragma: no cover - every call is reported once
             return
         batch = pending.batch
+        for record, result in zip(pending.outputs, results, strict=False):
+            self._note_access(record.topic, result)
         failures = [r for r in results if isinstance(r, BaseException)]
         if pending.letter:
             if failures and self.gate is not None:
@@ -196,6 +198,16 @@ class Delivery:
         if self.on_produced is not None:
             self._report_produced(pending, results)
         self._ledger.settle(batch, pending.errors or (None,) * len(batch.items), now)
+
+    def _note_access(self, topic: str, result: object) -> None:
+        """Keep the ledger's refusals (a topic refused until one write there succeeds) up to
+        date with one output's report; health() shows them."""
+        refusals = self._ledger.refusals
+        if isinstance(result, AccessDenied):
+            if refusals.refused(("write", result.topic or topic), str(result)):
+                log.error("Kafka refused access: %s", result)
+        elif isinstance(result, tuple):
+            refusals.allowed(("write", topic))
 
     def _report_produced(self, pending: Pending, results: Delivered) -> None:
         assert self.on_produced is not None
@@ -277,7 +289,11 @@ class Delivery:
         counters = self._ledger.counters
         if failures is None:
             counters.outputs_acknowledged += len(pending.outputs)
+            for record in pending.outputs:
+                self._ledger.refusals.allowed(("write", record.topic))
         else:
+            for error in failures.values():
+                self._note_access("?", error)
             failed = sum(1 for owner in pending.owners if owner in failures)
             counters.outputs_failed += failed
             counters.outputs_acknowledged += len(pending.outputs) - failed

@@ -43,6 +43,7 @@ from parallel_consumer.work.outcomes import (
 )
 from parallel_consumer.work.partitions import PartitionState, RecordTotals, restored_state
 from parallel_consumer.work.progress import ProgressWatch
+from parallel_consumer.work.refusals import Refusals
 from parallel_consumer.work.retry_queue import RetryQueue
 from parallel_consumer.work.shards import ShardMap
 from parallel_consumer.work.shared import SharedPartitionState
@@ -85,6 +86,8 @@ class Ledger:
         self.in_flight = InFlight()
         self.commits = CommitTracker(options.max_metadata_bytes, options.commit_every)
         self.counters = Counters()
+        #: Topics the brokers refused outputs or dead letters on (kept by delivery).
+        self.refusals = Refusals()
         #: Per partition since the start, across assignments: records processed, attempts
         #: failed (Statistics.partition_totals; metrics read them instead of a hook per call).
         self.totals: dict[TopicPartition, RecordTotals] = {}

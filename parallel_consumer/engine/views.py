@@ -45,6 +45,7 @@ def health(
         brokers_down_for=poller.brokers_down_for,
         missing_topics=poller.missing_topics,
         missing_topics_for=poller.missing_topics_for,
+        access_refused=poller.access_refused + ledger.refusals.texts,
     )
 
 

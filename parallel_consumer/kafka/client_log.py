@@ -14,7 +14,10 @@ settings (:meth:`ClientLog.configure`) and says instead:
   warnings and errors at their level, each facility at most once every ``REPEAT_AFTER``
   seconds (the repeats at DEBUG);
 - its errors: broker transport and name-resolution errors at DEBUG (per attempt), fatal ones
-  at ERROR, others at WARNING once every ``REPEAT_AFTER`` seconds per error code.
+  at ERROR, others at WARNING once every ``REPEAT_AFTER`` seconds per error code;
+- the brokers refusing access (a failed login, a missing ACL: ``kafka/access.py``) at ERROR
+  once, with what to check or grant, kept in :attr:`ClientLog.refusals` (``health()`` is
+  unhealthy while one is in force) until a broker answers again.
 
 librdkafka reports when every broker is down, never when one is back: the owner calls
 :meth:`ClientLog.reachable` when the client shows a broker answered (records arrived, a
@@ -34,6 +37,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
+
+from parallel_consumer.kafka.access import is_refusal, what_to_grant
+from parallel_consumer.work.refusals import Refusals
 
 __all__ = ["PROBE_EVERY", "PROBE_TIMEOUT", "REPEAT_AFTER", "ClientLog"]
 
@@ -75,6 +81,8 @@ class ClientLog:
         self._next_probe = 0.0
         #: When a facility's (or an error code's) line was last logged at its own level.
         self._said: dict[object, float] = {}
+        #: The brokers' refusals of this client in force (texts readable from any thread).
+        self.refusals = Refusals()
 
     @property
     def down_since(self) -> float | None:
@@ -107,6 +115,8 @@ class ClientLog:
         code = error.code()
         if code == KafkaError._ALL_BROKERS_DOWN:
             self._all_down(error)
+        elif is_refusal(code):
+            self.refused(error, "READ")
         elif error.fatal():
             log.error("%s: Kafka client error: %s", self._client, error.str())
         elif code in _CONNECTION_ERRORS or not self._first_in_a_while(code):
@@ -121,8 +131,19 @@ class ClientLog:
 
     # -- what the owner tells ---------------------------------------------------------------
 
+    def refused(self, error: KafkaError, operation: str, name: str | None = None) -> None:
+        """The brokers refused this client (``error``, of a code ``access.is_refusal`` knows):
+        said at ERROR once, with what to check or grant, and kept until a broker answers."""
+        code = error.code()
+        text = f"{self._client}: {error.str()} ({what_to_grant(code, operation, name)})"
+        if self.refusals.refused(code, text):
+            log.error("Kafka refused access: %s", text)
+        else:
+            librdkafka_log.debug("%s", text)
+
     def reachable(self) -> None:
-        """A broker answered: an outage (if any) is over."""
+        """A broker answered: an outage (if any) is over, and so are the refusals."""
+        self.refusals.clear()
         down_since = self._down_since
         if down_since is None:
             return

@@ -6,14 +6,17 @@ a query starts; the records written there carry the headers of :mod:`parallel_co
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.cimpl import NewTopic
 
+from parallel_consumer.client_config import hide_secrets
 from parallel_consumer.dead_letter import default_topic
 from parallel_consumer.errors import ConfigurationError
 from parallel_consumer.kafka.client_log import ClientLog
@@ -77,6 +80,21 @@ def admin_config(producer_config: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in producer_config.items() if k not in _PRODUCER_ONLY}
 
 
+def _list_topics(admin: Any, said: ClientLog) -> Any:
+    """The cluster's topics, asked for in short waits up to ``ADMIN_TIMEOUT``: between them
+    the admin client's queued errors are served, so that a refused login ends the wait at
+    once (it would only time out) and says why."""
+    deadline = time.monotonic() + ADMIN_TIMEOUT
+    while True:
+        try:
+            return admin.list_topics(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+        except KafkaException:
+            with contextlib.suppress(Exception):
+                admin.poll(0)  # (error_cb: a refusal lands in said.refusals)
+            if said.refusals or time.monotonic() >= deadline:
+                raise
+
+
 def prepare_topics(
     admin_factory: Callable[[dict[str, Any]], Any],
     config: Mapping[str, Any],
@@ -85,16 +103,20 @@ def prepare_topics(
     """Make sure every dead-letter topic exists: create the missing ones with as many
     partitions as their input topic (and the broker's default replication). Raises a
     ConfigurationError naming the topic when one is missing and cannot be created."""
+    settings = admin_config(config)
+    servers = str(settings.get("bootstrap.servers"))
+    said = ClientLog("dead-letter admin", servers, reports_health=False)
     try:
-        settings = admin_config(config)
-        servers = str(settings.get("bootstrap.servers"))
-        said = ClientLog("dead-letter admin", servers, reports_health=False)
         admin = admin_factory(said.configure(settings))
-        metadata = admin.list_topics(timeout=ADMIN_TIMEOUT)
+        metadata = _list_topics(admin, said)
     except Exception as exc:
+        why = "; ".join(said.refusals.texts) or str(exc)
         raise ConfigurationError(
-            f"could not read the topics of the cluster to check the dead-letter topics "
-            f"({', '.join(sorted(set(topics.values())))}): {exc}"
+            hide_secrets(
+                f"could not read the topics of the cluster to check the dead-letter topics "
+                f"({', '.join(sorted(set(topics.values())))}): {why}",
+                settings,
+            )
         ) from exc
     known = {name: t for name, t in metadata.topics.items() if t.error is None}
     missing: dict[str, int] = {}

@@ -51,6 +51,7 @@ from parallel_consumer._events import (
     Transact,
 )
 from parallel_consumer.kafka import client_offsets
+from parallel_consumer.kafka.access import is_refusal
 from parallel_consumer.kafka.assigned import AssignedPartitions, Batches
 from parallel_consumer.kafka.client_log import ClientLog
 from parallel_consumer.kafka.client_offsets import CommitClient
@@ -216,6 +217,7 @@ class Poller:
             brokers_down_for=None if down_since is None else now - down_since,
             missing_topics=(missing := self._missing).missing,
             missing_topics_for=None if missing.since is None else now - missing.since,
+            access_refused=self._client_log.refusals.texts,
         )
 
     # -- the poller thread --------------------------------------------------------------------
@@ -372,6 +374,11 @@ class Poller:
             raise KafkaException(error)
         tp = (message.topic(), message.partition())
         offset = message.offset()
+        if is_refusal(error.code()):
+            # A missing ACL on the group or a topic: nothing is read meanwhile, and nothing
+            # committed; the client asks again, and an assignment or records end it.
+            self._client_log.refused(error, "READ", message.topic())
+            return
         if tp in self._assigned.epochs and offset is not None and offset >= 0:
             # A record the client cannot deliver (corrupt, too large, ...). Skipping it would
             # let a later commit pass it unprocessed: stop instead, and say where.

@@ -27,6 +27,8 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 
 from parallel_consumer._events import ControllerEvent, OutputsDelivered, ProducerFailed
+from parallel_consumer.errors import AccessDenied
+from parallel_consumer.kafka.access import is_refusal, what_to_grant
 from parallel_consumer.produce import ProduceError, ProducerRecord
 from parallel_consumer.work.runs import drain_left
 
@@ -40,6 +42,8 @@ TRANSACTION_TIMEOUT = 30.0
 COMMIT_ATTEMPTS = 3
 #: How long close() waits for outputs still on their way.
 FLUSH_TIMEOUT = 10.0
+#: Seconds between metadata requests for topics the brokers refused a write on.
+REFRESH_REFUSED_EVERY = 1.0
 #: After waiting this long for room in the producer's queue, say so (once per output).
 QUEUE_FULL_WARNING = 5.0
 
@@ -73,8 +77,20 @@ def _not_delivered(index: int, error: Any, message: Any) -> BaseException:
     if isinstance(error, BaseException):
         return error
     topic = message.topic() if message is not None else "?"
-    hint = _DELIVERY_HINTS.get(error.code(), "") if isinstance(error, KafkaError) else ""
-    return ProduceError(f"output {index} to {topic} was not delivered: {error}{hint}")
+    return _refused(f"output {index} to {topic} was not delivered", error, topic) or ProduceError(
+        f"output {index} to {topic} was not delivered: {error}"
+        + (_DELIVERY_HINTS.get(error.code(), "") if isinstance(error, KafkaError) else "")
+    )
+
+
+def _refused(what: str, error: Any, topic: str) -> AccessDenied | None:
+    """An :class:`AccessDenied` when ``error`` is the brokers refusing the write, else None."""
+    if isinstance(error, KafkaError) and is_refusal(error.code()):
+        advice = what_to_grant(error.code(), "WRITE", topic)
+        return AccessDenied(
+            f"{what}: {error} ({advice}; the records are retried until then)", topic=topic
+        )
+    return None
 
 
 class _Delivery:
@@ -175,6 +191,11 @@ class Outputs:
         )
         self._full_since: float | None = None
         self._delivery_lock = threading.Lock()
+        #: Topics the brokers refused a write on (appended by the controller thread): the
+        #: producer thread asks for their metadata, or the client would go on refusing them
+        #: from its cache after the ACL is granted (until its next metadata refresh).
+        self._refused_topics: deque[str] = deque()
+        self._next_refresh = 0.0
         self._thread = threading.Thread(target=self._serve, name=f"{name}-producer", daemon=True)
         self._closed = False
 
@@ -256,8 +277,11 @@ class Outputs:
                 # goes on with the next call's).
                 first, end = delivery.call_span(index)
                 error = exc.args[0] if exc.args else exc
-                reason = f"output {index - first} to {record.topic} rejected: {error}"
-                delivery.report(index, ProduceError(reason), None)
+                what = f"output {index - first} to {record.topic} rejected"
+                refused = _refused(what, error, record.topic)
+                if refused is not None:
+                    self._refused_topics.append(record.topic)
+                delivery.report(index, refused or ProduceError(f"{what}: {error}"), None)
                 for rest in range(index + 1, end):
                     skipped = (
                         f"output {rest - first} not sent: output {index - first} of the call "
@@ -350,6 +374,21 @@ class Outputs:
                 return
             if settled or settled_runs:
                 post(OutputsDelivered(tuple(drain_left(settled)), tuple(drain_left(settled_runs))))
+            if self._refused_topics:
+                self._refresh_refused()
+
+    def _refresh_refused(self) -> None:
+        """Ask for the metadata of the topics refused lately (at most once a second): an ACL
+        granted meanwhile then takes effect."""
+        now = time.monotonic()
+        if now < self._next_refresh:
+            return
+        self._next_refresh = now + REFRESH_REFUSED_EVERY
+        for topic in set(drain_left(self._refused_topics)):
+            try:
+                self._producer.list_topics(topic, timeout=REFRESH_REFUSED_EVERY)
+            except Exception:  # still refused, or no answer: the next refusal asks again
+                log.debug("metadata of refused topic %s not read", topic, exc_info=True)
 
     def close(self, *, abort: bool) -> None:
         """Stop serving; wait for outputs still on their way (non-transactional), or abort the

@@ -12,7 +12,7 @@ import importlib.resources
 import os
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from parallel_consumer._maven import RESOLVED_MARKER, MavenFailed, copy_dependencies, locked
@@ -203,12 +203,20 @@ def _java_argv(java: str, lib: Path, log4j: Path, heap: str, main: str) -> list[
     ]
 
 
-def format_command(java: str, lib: Path, log4j: Path, config: Path, cluster_id: str) -> list[str]:
-    """Format a fresh log directory for the static single-voter quorum in ``config``."""
+def format_command(
+    java: str,
+    lib: Path,
+    log4j: Path,
+    config: Path,
+    cluster_id: str,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """Format a fresh log directory for the static single-voter quorum in ``config``
+    (``extra``: more ``format`` arguments, e.g. ``--add-scram``)."""
     # A short-lived tool: C1 only and a small heap start it noticeably faster on 2 cores.
     argv = _java_argv(java, lib, log4j, "256m", "kafka.tools.StorageTool")
     argv[1:1] = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
-    return [*argv, "format", "-t", cluster_id, "-c", str(config)]
+    return [*argv, "format", "-t", cluster_id, "-c", str(config), *extra]
 
 
 def broker_command(

@@ -16,8 +16,9 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from parallel_consumer.errors import ParallelConsumerError
 
@@ -234,11 +235,13 @@ def wait_until_answering(
     timeout: float,
     on_death: Callable[[int], LocalKafkaError],
     on_timeout: Callable[[], LocalKafkaError],
+    config: Mapping[str, Any] | None = None,
 ) -> float:
     """Poll until a broker at ``bootstrap_servers`` answers a metadata request.
 
     ``alive()`` returns the process exit code (``None`` while it runs); a death raises
-    ``on_death(code)`` at once instead of waiting out ``timeout``. Returns the seconds waited.
+    ``on_death(code)`` at once instead of waiting out ``timeout``. ``config``: more client
+    settings (a secured listener's credentials). Returns the seconds waited.
     """
     # Imported here: only starting a broker needs the client library loaded.
     from confluent_kafka.admin import AdminClient
@@ -246,7 +249,7 @@ def wait_until_answering(
     started = time.monotonic()
     deadline = started + timeout
     # log_level 0: while the broker boots, librdkafka would print "connection refused" on stderr.
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0})
+    admin = AdminClient({**(config or {}), "bootstrap.servers": bootstrap_servers, "log_level": 0})
     while True:
         code = alive()
         if code is not None:

@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from parallel_consumer.testing import _apache_kafka as apache
 from parallel_consumer.testing._broker_process import (
@@ -44,6 +44,7 @@ from parallel_consumer.testing._capabilities import (
     TANSU_CAPABILITIES,
     Capabilities,
 )
+from parallel_consumer.testing._security import ADMIN_USER, BrokerSecurity, SecurityMode
 from parallel_consumer.testing._tansu import find_tansu, tansu_command
 
 __all__ = [
@@ -107,13 +108,17 @@ class LocalKafka:
         start_timeout: float = 120.0,
         stop_timeout: float = 30.0,
         heap: str = "512m",
+        security: SecurityMode | None = None,
     ) -> None:
         """Configure (but do not start) a broker.
 
         ``version`` is the Apache Kafka release (apache backend). ``port`` is the client port
         (default: a free one). ``broker_config`` overrides server.properties entries (apache
         only). ``start_timeout`` bounds the wait for the broker to answer, ``stop_timeout`` the
-        wait for a clean shutdown before the process is killed.
+        wait for a clean shutdown before the process is killed. ``security`` (apache only):
+        ``"sasl_ssl"``, ``"sasl_plaintext"`` or ``"ssl"`` (mTLS) serve clients on that listener
+        only, with SCRAM-SHA-512 users and/or a CA made at start, and ACLs enforced; see
+        :meth:`client_config`, :meth:`add_user`, :meth:`grant` and docs/operations.md.
         """
         self._backend: BackendName = choose_backend(backend)
         self._version = version
@@ -126,6 +131,10 @@ class LocalKafka:
         self._start_timeout = start_timeout
         self._stop_timeout = stop_timeout
         self._heap = heap
+        if security is not None and self._backend != "apache":
+            raise LocalKafkaError("security needs backend='apache'")
+        self._security_mode = security
+        self._security: BrokerSecurity | None = None
         self._lock = threading.Lock()
         self._process: BrokerProcess | None = None
         self._workdir: Path | None = None
@@ -178,6 +187,38 @@ class LocalKafka:
         else:
             state = f"exited with {process.exit_code()}"
         return f"<LocalKafka {self._backend} {self.version} {state}>"
+
+    # -- a secured broker (security=...) ---------------------------------------------------
+
+    @property
+    def security(self) -> SecurityMode | None:
+        """The secured listener's protocol (None: PLAINTEXT, no ACLs)."""
+        return self._security_mode
+
+    def client_config(self, user: str = ADMIN_USER) -> dict[str, Any]:
+        """The settings a client of ``user`` needs: ``bootstrap.servers`` and, on a secured
+        broker, its credentials (the default user ``admin`` is a super user)."""
+        if self._security is None:
+            return {"bootstrap.servers": self.bootstrap_servers}
+        return self._security.client_config(self.bootstrap_servers, user)
+
+    def add_user(self, user: str, password: str | None = None) -> str:
+        """Create a user with no ACLs on a secured broker; returns its password."""
+        return self._secured().add_user(user, password)
+
+    def grant(self, user: str, resource: str, name: str, *operations: str, **kw: bool) -> None:
+        """Allow ``user`` ``operations`` on a resource: ``grant("alice", "topic", "orders",
+        "READ", "DESCRIBE")``; ``prefixed=True`` for every name starting with ``name``."""
+        self._secured().change_acls("grant", user, resource, name, operations, **kw)
+
+    def revoke(self, user: str, resource: str, name: str, *operations: str, **kw: bool) -> None:
+        """Take back what :meth:`grant` with the same arguments allowed."""
+        self._secured().change_acls("revoke", user, resource, name, operations, **kw)
+
+    def _secured(self) -> BrokerSecurity:
+        if self._security is None:
+            raise LocalKafkaError("users and ACLs need a started LocalKafka(security=...)")
+        return self._security
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -259,11 +300,23 @@ class LocalKafka:
         workdir = self._new_workdir()
         self._controller_port = free_port()
         assert self._port is not None
+        overrides = dict(self._broker_config)
+        format_extra: list[str] = []
+        if self._security_mode is not None:
+            self._security = BrokerSecurity(
+                self._security_mode, workdir / "security", _keytool(java)
+            )
+            self._security.prepare()
+            secured = self._security.broker_properties(
+                port=self._port, controller_port=self._controller_port
+            )
+            overrides = {**secured, **overrides}
+            format_extra = self._security.format_arguments()
         props = apache.server_properties(
             port=self._port,
             controller_port=self._controller_port,
             data_dir=workdir / "data",
-            overrides=self._broker_config,
+            overrides=overrides,
         )
         (workdir / "server.properties").write_text(apache.render_properties(props))
         (workdir / "log4j2.properties").write_text(apache.log4j2_config(workdir / "broker.log"))
@@ -274,6 +327,7 @@ class LocalKafka:
                 workdir / "log4j2.properties",
                 workdir / "server.properties",
                 apache.new_cluster_id(),
+                format_extra,
             ),
             log_path=workdir / "broker.log",
             cwd=workdir,
@@ -316,7 +370,10 @@ class LocalKafka:
             on_timeout=lambda: self._failed(
                 f"the broker did not answer a metadata request within {self._start_timeout:.0f} s"
             ),
+            config=self.client_config() if self._security is not None else None,
         )
+        if self._security is not None:
+            self._security.started(self.bootstrap_servers)
 
     def _failed(self, what: str) -> LocalKafkaError:
         """Stop everything, keep the log for the user, and describe the failure."""
@@ -335,3 +392,12 @@ class LocalKafka:
             f"LocalKafka ({self._backend} {self.version}): {what}. The log is kept at {log}; "
             f"its last lines:\n{log_tail(log)}"
         )
+
+
+def _keytool(java: str) -> str:
+    """The JDK's keytool: beside ``java``, else on PATH."""
+    beside = Path(os.path.realpath(java)).with_name("keytool")
+    found = str(beside) if beside.is_file() else shutil.which("keytool")
+    if found is None:
+        raise LocalKafkaError("keytool (from the JDK) was not found: a secured LocalKafka needs it")
+    return found

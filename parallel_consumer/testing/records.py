@@ -43,17 +43,19 @@ def create_topic(
     config: Mapping[str, str] | None = None,
     timeout: float = 30.0,
     exist_ok: bool = False,
+    client_config: Mapping[str, Any] | None = None,
 ) -> str:
     """Create topic ``name`` (replication factor 1) and wait until it is usable; return ``name``.
 
     A topic that already exists raises :class:`LocalKafkaError`, unless ``exist_ok``: then it is
     used as it is if it has ``partitions`` partitions (its ``config`` is not compared), and
-    raises if it has another number of them."""
+    raises if it has another number of them. ``client_config``: more settings of the admin
+    client (credentials, for a secured broker)."""
     # NewTopic's documented home; the package's stubs re-export it without marking it public.
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    admin = AdminClient({**(client_config or {}), "bootstrap.servers": bootstrap_servers})
     new = NewTopic(name, num_partitions=partitions, replication_factor=1, config=dict(config or {}))
     exists = False
     try:
@@ -153,17 +155,20 @@ def read_topic(
     *,
     isolation: Literal["read_committed", "read_uncommitted"] = "read_committed",
     timeout: float = 30.0,
+    client_config: Mapping[str, Any] | None = None,
 ) -> list[TopicRecord]:
     """Read every partition of ``topic`` from the beginning to its current end.
 
     Uses no consumer group (nothing is committed). Returns records ordered by partition, then
     offset. With ``read_committed`` the end is the last stable offset: aborted records and
-    records of still-open transactions are not returned.
+    records of still-open transactions are not returned. ``client_config``: more settings of
+    the consumer (credentials, for a secured broker).
     """
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
     consumer = Consumer(
         {
+            **(client_config or {}),
             "bootstrap.servers": bootstrap_servers,
             "group.id": "pc-read-topic-unused",  # required by the client; never joined
             "enable.auto.commit": False,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from parallel_consumer.context import RecordContext
 from parallel_consumer.dead_letter import Reason
-from parallel_consumer.errors import NEVER_RETRIED, DeadLetter, Skip
+from parallel_consumer.errors import NEVER_RETRIED, AccessDenied, DeadLetter, Skip
 from parallel_consumer.options import OnExhausted, Options
 from parallel_consumer.retry import retry_delay
 
@@ -84,9 +84,9 @@ def decide(
     ``record`` describes the attempt that just failed (``attempts`` already counts it). In
     order: no error is success; ``Skip`` skips; ``DeadLetter`` dead-letters (or, with
     dead-lettering off, retries with a WARNING); a ``NEVER_RETRIED`` or ``non_retryable`` type,
-    or more than ``max_retries`` failed retries, applies the exhaustion policy; anything else
-    retries after
-    :func:`~parallel_consumer.retry.retry_delay`.
+    or more than ``max_retries`` failed retries, applies the exhaustion policy (but never to
+    an :class:`~parallel_consumer.errors.AccessDenied`: a missing permission is granted, not
+    given up on); anything else retries after :func:`~parallel_consumer.retry.retry_delay`.
     """
     if error is None:
         return SUCCEEDED
@@ -100,7 +100,11 @@ def decide(
         options.non_retryable and isinstance(error, options.non_retryable)
     ):
         return exhausted_decision(Reason.NON_RETRYABLE, error, record, options, finished_at)
-    if options.max_retries is not None and record.attempts > options.max_retries:
+    if (
+        options.max_retries is not None
+        and record.attempts > options.max_retries
+        and not isinstance(error, AccessDenied)
+    ):
         return exhausted_decision(Reason.RETRIES_EXHAUSTED, error, record, options, finished_at)
     delay = retry_delay(options, error, record)
     return RetryAt(finished_at + delay, delay)

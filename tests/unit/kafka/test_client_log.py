@@ -56,7 +56,7 @@ def test_a_repeated_client_warning_is_logged_at_its_level_once_a_while(caplog):
 
     for _ in range(3):
         routed.log(logging.WARNING, "%s [%s] %s", "SESSTMOUT", "rdkafka#consumer-1", "late")
-        routed.error(KafkaError(KafkaError._AUTHENTICATION, "SASL failed"))
+        routed.error(KafkaError(KafkaError._TIMED_OUT, "request timed out"))
     clock.now += REPEAT_AFTER
     routed.log(logging.WARNING, "%s [%s] %s", "SESSTMOUT", "rdkafka#consumer-1", "late")
 
