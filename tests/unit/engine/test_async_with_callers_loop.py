@@ -12,7 +12,13 @@ import time
 
 import pytest
 
-from parallel_consumer import ConfigurationError, Lifecycle, Options, PollContext
+from parallel_consumer import (
+    ConfigurationError,
+    Lifecycle,
+    Options,
+    PollContext,
+    RetriesExhausted,
+)
 
 
 async def _until(condition, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
@@ -273,3 +279,73 @@ def test_run_stops_on_sigterm_when_asked_and_restores_the_previous_handler(harne
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert cluster.committed("g", "t", 0) == (3, None)
+
+
+def test_run_raises_the_failure_that_stopped_processing(harness, cluster):
+    # Given an async handler that stops the consumer (on_exhausted=STOP after no retries)
+    _records(cluster, 1)
+
+    async def main() -> None:
+        options = Options(max_retries=0, on_retries_exhausted="stop")
+        async with harness.make(options) as pc:
+
+            @pc.poll
+            async def handle(ctx: PollContext) -> None:
+                raise ValueError("boom")
+
+            # Then run() ends with that failure instead of waiting (and so does the close)
+            await asyncio.wait_for(pc.run(), 10.0)
+
+    with pytest.raises(RetriesExhausted):
+        asyncio.run(main())
+
+
+def test_an_error_in_the_async_with_body_closes_the_consumer_and_propagates(harness, cluster):
+    _records(cluster, 3)
+    seen: list[int] = []
+
+    async def main() -> None:
+        async with harness.make() as pc:
+
+            @pc.poll
+            async def handle(ctx: PollContext) -> None:
+                seen.append(ctx.offset)
+
+            await _until(lambda: pc.statistics().records_succeeded == 3)
+            raise KeyError("the application's own error")
+
+    # Then the application's error comes out, and the consumer committed what it finished
+    with pytest.raises(KeyError, match="own error"):
+        asyncio.run(main())
+    assert harness.instances[-1].lifecycle is Lifecycle.CLOSED
+    assert cluster.committed("g", "t", 0) == (3, None)
+
+
+def test_health_answers_on_the_loop_while_the_consumer_closes(harness, cluster):
+    # Given calls in flight that take 0.3 s, and a close that waits for them
+    _records(cluster, 5, keys=5)
+    answers: list[float] = []
+
+    async def main() -> None:
+        async with harness.make() as pc:
+
+            @pc.poll
+            async def handle(ctx: PollContext) -> None:
+                await asyncio.sleep(0.3)
+
+            await _until(lambda: pc.statistics().in_flight == 5)
+            closing = asyncio.create_task(pc.close(timeout=5.0))
+            # When a route asks for health() on this loop, over and over, while it closes
+            while not closing.done():
+                started = time.monotonic()
+                report = pc.health()
+                answers.append(time.monotonic() - started)
+                assert report is not None
+                await asyncio.sleep(0.01)
+            await closing
+
+    asyncio.run(main())
+    # Then every answer came at once: the controller never waits for this loop
+    assert len(answers) > 5
+    assert max(answers) < 1.0
+    assert cluster.committed("g", "t", 0) == (5, None)
