@@ -129,7 +129,8 @@ class AsyncParallelConsumer:
         ``async with``). Cancelling the task that awaits it closes gracefully (no new call
         starts, calls in flight may finish within ``timeout``, what finished is committed),
         then re-raises the cancellation; a second cancellation meanwhile closes fast. So
-        Ctrl-C under ``asyncio.run`` (which cancels the main task) closes gracefully.
+        Ctrl-C under ``asyncio.run`` (which cancels the main task) closes gracefully. (A task
+        cancelled before it ever ran never runs this: the consumer goes on until closed.)
 
         No signal handler is installed unless ``handle_signals=True``: servers (uvicorn,
         aiohttp) and ``asyncio.run`` own the process's signals. With it, and on the main

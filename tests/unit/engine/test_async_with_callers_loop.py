@@ -99,6 +99,7 @@ def test_cancelling_run_closes_gracefully_then_reraises(harness, cluster):
                 ended.append(ctx.offset)
 
             running = asyncio.create_task(pc.run(timeout=10.0))
+            await asyncio.sleep(0)  # (it starts: a task cancelled before it runs never does)
             await _until(lambda: pc.statistics().in_flight == 5)
             # When the task is cancelled
             running.cancel()
@@ -129,6 +130,7 @@ def test_a_second_cancellation_while_closing_closes_fast(harness, cluster):
                     raise
 
             running = asyncio.create_task(pc.run(timeout=30.0))
+            await asyncio.sleep(0)  # (it starts: a task cancelled before it runs never does)
             await _until(lambda: pc.statistics().in_flight == 1)
             running.cancel()
             await asyncio.sleep(0.05)
