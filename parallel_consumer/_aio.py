@@ -29,7 +29,7 @@ from parallel_consumer.kafka.poller import RebalanceCallback
 from parallel_consumer.produce import ProduceResult
 from parallel_consumer.status import Lifecycle, Statistics
 
-__all__ = ["AsyncParallelConsumer", "CloseSeam"]
+__all__ = ["AsyncParallelConsumer", "CloseSeam", "refuse_blocking_on"]
 
 log = logging.getLogger("parallel_consumer")
 
@@ -220,6 +220,23 @@ class AsyncParallelConsumer:
 
     def __repr__(self) -> str:
         return f"<AsyncParallelConsumer of {self._consumer!r}>"
+
+
+def refuse_blocking_on(loop: asyncio.AbstractEventLoop | None, what: str) -> None:
+    """Raise RuntimeError if called on ``loop`` (the handlers' loop): a blocking ``what()``
+    there would stop every handler while it waits."""
+    if loop is None:
+        return
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    if running is loop:
+        raise RuntimeError(
+            f"{what}() blocks, and this consumer's handlers run on this event loop: await "
+            f"pc.{'run' if what == 'run' else 'close'}() on the object that "
+            "`async with ParallelConsumer(...) as pc` gives"
+        )
 
 
 def _resolve(waiter: asyncio.Future[Any]) -> None:

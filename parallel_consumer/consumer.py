@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from parallel_consumer._aio import AsyncParallelConsumer, CloseSeam
+from parallel_consumer._aio import AsyncParallelConsumer, CloseSeam, refuse_blocking_on
 from parallel_consumer._clock import Clock, SystemClock
 from parallel_consumer._signals import StopSignals, closing_on_signals
 from parallel_consumer._telemetry_choice import chosen_telemetry
@@ -334,7 +334,7 @@ class ParallelConsumer:
 
         Returns False if ``timeout`` passed first, True once stopped.
         """
-        self._refuse_on_loop("wait")
+        refuse_blocking_on(self._loop, "wait")
         try:
             self._controller.stopped.result(timeout)
         except FutureTimeout:
@@ -397,7 +397,7 @@ class ParallelConsumer:
         if self.lifecycle is Lifecycle.NEW:
             self._close_unstarted()
             return
-        self._refuse_on_loop("close")
+        refuse_blocking_on(self._loop, "close")
         self._request_close(drain=drain, timeout=timeout)
         grace = timeout + FINAL_COMMIT_TIMEOUT + STOP_TIMEOUT + 5.0
         try:
@@ -436,7 +436,7 @@ class ParallelConsumer:
                 "run() needs a handler: register one with @pc.poll or @pc.poll_and_produce "
                 "(after subscribe()) first"
             )
-        self._refuse_on_loop("run")
+        refuse_blocking_on(self._loop, "run")
         close_timeout = self._close_timeout(timeout)
 
         on_signal = closing_on_signals(self._request_close, drain, close_timeout)
@@ -462,16 +462,6 @@ class ParallelConsumer:
         self._poller.close_unstarted()
         self._controller.lifecycle = Lifecycle.CLOSED
         self._controller.stopped.set_result(None)
-
-    def _refuse_on_loop(self, what: str) -> None:
-        """A blocking call on the loop the handlers run on would stop them all: refused."""
-        loop = self._loop
-        if loop is not None and _running_loop() is loop:
-            raise RuntimeError(
-                f"{what}() blocks, and this consumer's handlers run on this event loop: "
-                f"await pc.{'run' if what == 'run' else 'close'}() on the object that "
-                "`async with ParallelConsumer(...) as pc` gives"
-            )
 
     def _request_close(self, drain: bool, timeout: float) -> None:
         """Ask the controller to close (or to close sooner, if closing already): never blocks,
@@ -532,10 +522,3 @@ class ParallelConsumer:
             f"<ParallelConsumer {self._name} {self.lifecycle.name} "
             f"{self._options.ordering.name} max_concurrency={self._options.max_concurrency}>"
         )
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None

@@ -351,3 +351,37 @@ def test_health_answers_on_the_loop_while_the_consumer_closes(harness, cluster):
     assert len(answers) > 5
     assert max(answers) < 1.0
     assert cluster.committed("g", "t", 0) == (5, None)
+
+
+def test_a_plain_handler_under_async_with_runs_on_threads_and_closes_by_await(harness, cluster):
+    # Given a plain (def) handler registered inside `async with`
+    _records(cluster, 10)
+    threads: set[str] = set()
+
+    async def main() -> None:
+        async with harness.make() as pc:
+
+            @pc.poll
+            def handle(ctx: PollContext) -> None:
+                threads.add(threading.current_thread().name)
+
+            await _until(lambda: pc.statistics().records_succeeded == 10)
+
+    asyncio.run(main())
+    # Then it ran on the thread runner's workers, not on the loop, and the close committed
+    assert threads
+    assert all("worker" in name for name in threads)
+    assert cluster.committed("g", "t", 0) == (10, None)
+
+
+def test_async_with_and_no_handler_closes_at_once(harness, cluster):
+    _records(cluster, 1)
+
+    async def main() -> None:
+        async with harness.make() as pc:
+            assert pc.lifecycle is Lifecycle.NEW
+            with pytest.raises(RuntimeError, match="needs a handler"):
+                await pc.run()
+        assert pc.lifecycle is Lifecycle.CLOSED
+
+    asyncio.run(main())
