@@ -15,7 +15,10 @@ import time
 
 from parallel_consumer import Options, ParallelConsumer
 from parallel_consumer.bench.contestants.base import LogRecorder, RunEnv
-from parallel_consumer.bench.contestants.pc import ParallelConsumerContestant
+from parallel_consumer.bench.contestants.pc import (
+    ParallelConsumerContestant,
+    committed_to_the_end,
+)
 from parallel_consumer.bench.kafka_io import base_consumer_config, new_group
 from parallel_consumer.bench.model import Observation, Row
 from parallel_consumer.bench.work import loop_factory
@@ -58,12 +61,7 @@ class ParallelConsumerOnCallersLoopContestant(ParallelConsumerContestant):
                     raise RuntimeError(f"pc-loop {row.name}: only {recorder.count} records")
                 await asyncio.sleep(0.005)
             deadline = time.monotonic() + 60
-            while True:
-                committed = {s.partition: s.committed_offset for s in pc.statistics().partitions}
-                if all(committed.get(p) == end for p, end in ends.items() if end > 0):
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"pc-loop {row.name}: commits did not reach {ends}")
+            while not committed_to_the_end(pc.statistics(), ends, deadline, f"pc-loop {row.name}"):
                 await asyncio.sleep(0.002)
             finished = time.time()
             stats = pc.statistics()
