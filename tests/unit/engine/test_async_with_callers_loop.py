@@ -116,6 +116,7 @@ def test_cancelling_run_closes_gracefully_then_reraises(harness, cluster):
 def test_a_second_cancellation_while_closing_closes_fast(harness, cluster):
     # Given a call that never ends, and a close that would wait 30 s for it
     _records(cluster, 1)
+    entered: list[int] = []
     cancelled_calls: list[int] = []
 
     async def main() -> None:
@@ -123,6 +124,7 @@ def test_a_second_cancellation_while_closing_closes_fast(harness, cluster):
 
             @pc.poll
             async def handle(ctx: PollContext) -> None:
+                entered.append(ctx.offset)
                 try:
                     await asyncio.Event().wait()
                 except asyncio.CancelledError:
@@ -131,7 +133,7 @@ def test_a_second_cancellation_while_closing_closes_fast(harness, cluster):
 
             running = asyncio.create_task(pc.run(timeout=30.0))
             await asyncio.sleep(0)  # (it starts: a task cancelled before it runs never does)
-            await _until(lambda: pc.statistics().in_flight == 1)
+            await _until(lambda: entered == [0])  # (started: not only handed over)
             running.cancel()
             await asyncio.sleep(0.05)
             started = time.monotonic()
@@ -173,6 +175,7 @@ def test_a_failing_handler_is_retried_on_the_callers_loop(harness, cluster):
 def test_close_while_calls_are_pending_cancels_them_on_this_loop(harness, cluster):
     # Given calls that wait for ever
     _records(cluster, 3, keys=3)
+    started: list[int] = []
     cleaned: list[int] = []
 
     async def main() -> None:
@@ -180,12 +183,14 @@ def test_close_while_calls_are_pending_cancels_them_on_this_loop(harness, cluste
 
             @pc.poll
             async def handle(ctx: PollContext) -> None:
+                started.append(ctx.offset)
                 try:
                     await asyncio.Event().wait()
                 finally:
                     cleaned.append(ctx.offset)
 
-            await _until(lambda: pc.statistics().in_flight == 3)
+            # (started, not only handed over: a call still queued at the close never starts)
+            await _until(lambda: len(started) == 3)
             # When the consumer closes with a short timeout
             await pc.close(timeout=0.1)
             # Then the calls were cancelled on this loop, their cleanup ran, no task is left
@@ -385,3 +390,31 @@ def test_async_with_and_no_handler_closes_at_once(harness, cluster):
         assert pc.lifecycle is Lifecycle.CLOSED
 
     asyncio.run(main())
+
+
+def test_a_call_past_its_deadline_is_cancelled_on_this_loop_and_retried(harness, cluster):
+    # Given a handler whose first attempt hangs, with a 0.2 s processing timeout
+    _records(cluster, 1)
+    attempts: list[str] = []
+
+    async def main() -> None:
+        options = Options(processing_timeout=0.2, retry_delay=0.01)
+        async with harness.make(options) as pc:
+
+            @pc.poll
+            async def handle(ctx: PollContext) -> None:
+                if not attempts:
+                    attempts.append("hung")
+                    try:
+                        await asyncio.Event().wait()
+                    except asyncio.CancelledError:
+                        attempts.append("cancelled")
+                        raise
+                attempts.append("ok")
+
+            # Then the hung call is cancelled on this loop and the retry succeeds
+            await _until(lambda: pc.statistics().records_succeeded == 1)
+
+    asyncio.run(main())
+    assert attempts == ["hung", "cancelled", "ok"]
+    assert cluster.committed("g", "t", 0) == (1, None)
