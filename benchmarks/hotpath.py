@@ -12,6 +12,12 @@ figures to quote come from pc-bench on the real broker.
     # W1b's shape: 10,000 records of 10,000 keys on 1 partition, 2.5 ms calls on 100 threads
     .venv/bin/python benchmarks/hotpath.py --records 10000 --partitions 1 --concurrency 100 \
         --sleep-ms 2.5 --repeat 3
+    # W6's shape, its handlers on the caller's loop (async with): the main thread is the loop
+    .venv/bin/python benchmarks/hotpath.py --records 20000 --concurrency 5000 --sleep-ms 50 \
+        --ordering UNORDERED --callers-loop --repeat 3
+    # ... the same calls on a bare loop (a task per call), and either with the collector off
+    .venv/bin/python benchmarks/hotpath.py --records 20000 --concurrency 5000 --sleep-ms 50 \
+        --bare-loop --repeat 3 [--no-gc]
     # ... and with an async def handler, 1,000 at once (W1b's async rows)
     .venv/bin/python benchmarks/hotpath.py --records 10000 --partitions 1 --concurrency 1000 \
         --sleep-ms 2.5 --repeat 3 --async
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import os
 import pstats
 import statistics
@@ -90,6 +97,76 @@ def _telemetry() -> tuple[Any, Any]:
     return Telemetry(meter_provider=provider), shutdown
 
 
+async def _on_callers_loop(
+    pc: ParallelConsumer, handle: Any, done: threading.Event, args: argparse.Namespace
+) -> tuple[float, dict[int, float], dict[int | None, str], Any]:
+    """The run with the handler on this (the main) thread's loop: ``async with``."""
+    started = time.perf_counter()
+    async with pc as consumer:
+        consumer.subscribe([TOPIC])
+        consumer.poll(handle)
+        deadline = time.monotonic() + args.timeout
+        while not done.is_set():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"not every record in {args.timeout} s")
+            await asyncio.sleep(0.001)
+        wall = time.perf_counter() - started
+        after = _thread_cpu()
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        names[threading.main_thread().native_id] = "main aio-loop"
+        return wall, after, names, consumer.statistics()
+
+
+def bare_loop_once(args: argparse.Namespace) -> dict[str, Any]:
+    """The same calls on a bare event loop, a task per call, at most ``--concurrency`` at once:
+    no consumer, no records (the loop's own cost per call, for beside ``--callers-loop``)."""
+    pause = args.sleep_ms / 1000
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        left = args.records
+        running = 0
+        done = asyncio.Event()
+
+        async def call() -> None:
+            if pause:
+                await asyncio.sleep(pause)
+
+        def ended(_: asyncio.Task[None]) -> None:
+            nonlocal running
+            running -= 1
+            if left:
+                start()
+            elif not running:
+                done.set()
+
+        def start() -> None:
+            nonlocal left, running
+            left -= 1
+            running += 1
+            loop.create_task(call()).add_done_callback(ended)
+
+        started = time.thread_time()
+        for _ in range(min(args.concurrency, left)):
+            start()
+        await done.wait()
+        return time.thread_time() - started
+
+    wall = time.perf_counter()
+    cpu = asyncio.run(main())
+    wall = time.perf_counter() - wall
+    return {
+        "wall": wall,
+        "records_per_s": args.records / wall,
+        "us_per_record": {"bare loop": cpu / args.records * 1e6},
+        "runs": 0,
+        "bundles": 0,
+        "chains": 0,
+        "runs_detached": 0,
+        "partition_pauses": 0,
+    }
+
+
 def run_once(args: argparse.Namespace, profile: str | None) -> dict[str, Any]:
     cluster = _fill(args.records, args.partitions, args.keys)
     done = threading.Event()
@@ -145,16 +222,19 @@ def run_once(args: argparse.Namespace, profile: str | None) -> dict[str, Any]:
         threading.Thread.run = run  # type: ignore[method-assign]
     before = _thread_cpu()
     started = time.perf_counter()
-    pc.subscribe([TOPIC])
-    pc.poll(handle_async if args.use_async else handle)  # type: ignore[arg-type]
-    if not done.wait(args.timeout):
+    if args.callers_loop:
+        wall, after, names, engine = asyncio.run(_on_callers_loop(pc, handle_async, done, args))
+    else:
+        pc.subscribe([TOPIC])
+        pc.poll(handle_async if args.use_async else handle)  # type: ignore[arg-type]
+        if not done.wait(args.timeout):
+            pc.close()
+            raise SystemExit(f"only {count[0]}/{target} records in {args.timeout} s")
+        wall = time.perf_counter() - started
+        after = _thread_cpu()
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        engine = pc.statistics()
         pc.close()
-        raise SystemExit(f"only {count[0]}/{target} records in {args.timeout} s")
-    wall = time.perf_counter() - started
-    after = _thread_cpu()
-    names = {t.native_id: t.name for t in threading.enumerate()}
-    engine = pc.statistics()
-    pc.close()
     if shutdown is not None:
         shutdown()
     if profiler is not None:
@@ -192,12 +272,26 @@ def main() -> None:
     parser.add_argument(
         "--async", dest="use_async", action="store_true", help="an async def handler"
     )
+    parser.add_argument(
+        "--callers-loop",
+        action="store_true",
+        help="async def handler on the main thread's loop (async with ParallelConsumer)",
+    )
+    parser.add_argument(
+        "--bare-loop", action="store_true", help="the same calls on a bare loop, no consumer"
+    )
+    parser.add_argument("--no-gc", action="store_true", help="the garbage collector off")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--otel", action="store_true", help="metrics on (SDK, 1 s reader)")
     parser.add_argument("--profile", default=None, help="cProfile the thread whose name has this")
     args = parser.parse_args()
-    runs = [run_once(args, args.profile if i == 0 else None) for i in range(args.repeat)]
+    if args.no_gc:
+        gc.disable()
+    if args.bare_loop:
+        runs = [bare_loop_once(args) for _ in range(args.repeat)]
+    else:
+        runs = [run_once(args, args.profile if i == 0 else None) for i in range(args.repeat)]
     for r in runs:
         parts = "  ".join(f"{k} {v:.1f}" for k, v in r["us_per_record"].items())
         print(

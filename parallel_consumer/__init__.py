@@ -8,6 +8,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
+from parallel_consumer._aio import AsyncParallelConsumer
 from parallel_consumer.consumer import ParallelConsumer
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.errors import (
@@ -53,6 +54,7 @@ except _PackageNotFoundError:  # imported from a source tree that was never inst
     __version__ = "0+unknown"
 
 __all__ = [
+    "AsyncParallelConsumer",
     "CommitMode",
     "ConfigurationError",
     "DeadLetter",

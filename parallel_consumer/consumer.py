@@ -6,11 +6,10 @@ check of the configuration). Only this module constructs components.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
-import math
 import signal
-import sys
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -20,11 +19,17 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
+from parallel_consumer._aio import AsyncParallelConsumer, CloseSeam, refuse_blocking_on
 from parallel_consumer._clock import Clock, SystemClock
-from parallel_consumer._signals import StopSignals
+from parallel_consumer._signals import StopSignals, closing_on_signals
+from parallel_consumer._telemetry_choice import chosen_telemetry
 from parallel_consumer.client_config import checked_consumer_config, checked_producer_config
 from parallel_consumer.context import PollContext
-from parallel_consumer.engine.closing import FINAL_COMMIT_TIMEOUT, STOP_TIMEOUT
+from parallel_consumer.engine.closing import (
+    FINAL_COMMIT_TIMEOUT,
+    STOP_TIMEOUT,
+    checked_close_timeout,
+)
 from parallel_consumer.engine.controller import Controller
 from parallel_consumer.engine.letters import DeadLetters
 from parallel_consumer.errors import ConfigurationError, ParallelConsumerError
@@ -44,6 +49,7 @@ from parallel_consumer.kafka.share.poller import SharePoller
 from parallel_consumer.kafka.share.settings import check_share_group, read_settings
 from parallel_consumer.options import Options, RunnerKind
 from parallel_consumer.produce import ProduceResult
+from parallel_consumer.runners.asyncio_loop import AsyncioRunner
 from parallel_consumer.runners.base import Runner, check_signature
 from parallel_consumer.runners.choice import make_runner, runner_kind_for
 from parallel_consumer.runners.processes import pickled_handler
@@ -62,34 +68,12 @@ OnProduced = Callable[[ProduceResult], object]
 
 _instances = itertools.count(1)
 _REQUEST_TIMEOUT = 10.0
-#: The longest close timeout taken as given (a year): a larger one means "as long as it takes".
-_LONGEST_CLOSE = 365 * 24 * 3600.0
 
 
 def _share_consumer(config: dict[str, Any]) -> Any:
     from confluent_kafka import ShareConsumer
 
     return ShareConsumer(config)
-
-
-def _telemetry(given: Telemetry | bool | None) -> Telemetry | None:
-    """``telemetry=``: a Telemetry as given, False for none, and None for the library
-    convention: the global providers, if the application set any. Those live in modules it
-    imported to set them; if none is imported, nothing was set and OpenTelemetry stays unloaded."""
-    if given is False:
-        return None
-    if given is None:
-        if "opentelemetry.metrics" not in sys.modules and "opentelemetry.trace" not in sys.modules:
-            return None
-        from parallel_consumer.telemetry import Telemetry  # optional: loaded only when in use
-
-        return Telemetry.from_globals()
-    if given is True:
-        raise ConfigurationError(
-            "telemetry=True: leave telemetry out to use the global OpenTelemetry providers, or "
-            "pass Telemetry(...) (or False for none)"
-        )
-    return given
 
 
 class ParallelConsumer:
@@ -128,7 +112,7 @@ class ParallelConsumer:
         if producer_config is not None and not isinstance(producer_config, Mapping):
             raise ConfigurationError("producer_config must be a dict of librdkafka settings")
         config = checked_consumer_config(consumer_config)
-        telemetry = _telemetry(telemetry)
+        telemetry = chosen_telemetry(telemetry)
         self._telemetry = telemetry
         if telemetry is not None:
             hooks = telemetry.attach(
@@ -151,6 +135,11 @@ class ParallelConsumer:
         self._subscribed = False
         self._handler: Callable[[PollContext], object] | None = None
         self._consumer_config = config
+        #: The application's loop, once ``async with`` bound the consumer to it, and the
+        #: asyncio runner on it (for async def handlers).
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_runner: AsyncioRunner | None = None
+        self._face: AsyncParallelConsumer | None = None
         try:
             self._poller: Poller | SharePoller = (SharePoller if options.share_group else Poller)(
                 consumer_factory or (_share_consumer if options.share_group else Consumer),
@@ -181,7 +170,9 @@ class ParallelConsumer:
         )
 
     def _make_runner(self, kind: RunnerKind) -> Runner:
-        return make_runner(kind, self._options, self._clock, name=self._name, hooks=self._hooks)
+        return make_runner(
+            kind, self._options, self._clock, name=self._name, hooks=self._hooks, loop=self._loop
+        )
 
     def _post(self, event: Any) -> None:
         self._controller.post(event)
@@ -281,8 +272,12 @@ class ParallelConsumer:
             raise ConfigurationError(f"cannot register a handler when {self.lifecycle.name}")
         kind = runner_kind_for(handler, self._options)
         runner = None
-        if kind is not (self._options.runner or RunnerKind.THREADS):
-            runner = self._make_runner(kind)  # an async def handler picked the asyncio runner
+        if kind is not (self._options.runner or RunnerKind.THREADS) or self._loop is not None:
+            # An async def handler picked the asyncio runner, or `async with` bound the
+            # consumer to the caller's loop.
+            runner = self._make_runner(kind)
+            if isinstance(runner, AsyncioRunner) and self._loop is not None:
+                self._loop_runner = runner
         outputs = None
         dead_letters = None
         if self._options.share_group:
@@ -300,13 +295,7 @@ class ParallelConsumer:
         produces = via == "poll_and_produce"
         if produces or dead_letters is not None:
             outputs = self._start_outputs()  # dead letters go through the library's producer
-        options = self._options
-        codecs = Codecs(
-            options.key_deserializer,
-            options.value_deserializer,
-            options.key_serializer if produces else None,
-            options.value_serializer if produces else None,
-        )
+        codecs = Codecs.of(self._options, produces=produces)
         call = deserializing(handler, codecs, is_async=kind is RunnerKind.ASYNCIO)
         if kind is RunnerKind.PROCESS and call is not handler:
             pickled_handler(call)  # the (de)serializers go to the worker processes too
@@ -367,6 +356,7 @@ class ParallelConsumer:
 
         Returns False if ``timeout`` passed first, True once stopped.
         """
+        refuse_blocking_on(self._loop, "wait")
         try:
             self._controller.stopped.result(timeout)
         except FutureTimeout:
@@ -427,10 +417,9 @@ class ParallelConsumer:
         """
         timeout = self._close_timeout(timeout)
         if self.lifecycle is Lifecycle.NEW:
-            self._poller.close_unstarted()
-            self._controller.lifecycle = Lifecycle.CLOSED
-            self._controller.stopped.set_result(None)
+            self._close_unstarted()
             return
+        refuse_blocking_on(self._loop, "close")
         self._request_close(drain=drain, timeout=timeout)
         grace = timeout + FINAL_COMMIT_TIMEOUT + STOP_TIMEOUT + 5.0
         try:
@@ -469,22 +458,10 @@ class ParallelConsumer:
                 "run() needs a handler: register one with @pc.poll or @pc.poll_and_produce "
                 "(after subscribe()) first"
             )
-        timeout = self._close_timeout(timeout)
-        close_timeout = timeout
+        refuse_blocking_on(self._loop, "run")
+        close_timeout = self._close_timeout(timeout)
 
-        def on_signal(signum: int, count: int) -> None:
-            name = signal.Signals(signum).name
-            if count == 1:
-                log.info("%s received: closing (a second signal closes at once)", name)
-                self._request_close(drain=drain, timeout=close_timeout)
-            else:
-                log.warning(
-                    "%s received again: closing now (calls still running are not committed "
-                    "and will be processed again)",
-                    name,
-                )
-                self._request_close(drain=False, timeout=0.0)
-
+        on_signal = closing_on_signals(self._request_close, drain, close_timeout)
         interrupts = 0
         try:
             with StopSignals(on_signal, install=handle_signals):
@@ -501,22 +478,14 @@ class ParallelConsumer:
             self._closed()
 
     def _close_timeout(self, timeout: float | None) -> float:
-        if timeout is None:
-            return self._options.shutdown_timeout
-        if (
-            not isinstance(timeout, int | float)
-            or isinstance(timeout, bool)
-            or not math.isfinite(timeout)
-            or timeout < 0
-        ):
-            raise ValueError(
-                f"the close timeout must be finite seconds >= 0, got {timeout!r}: calls still "
-                "running past it are abandoned (processed again later), never waited for forever"
-            )
-        # (a wait far longer than any deployment allows: beyond what a lock's timeout can take)
-        return float(min(timeout, _LONGEST_CLOSE))
+        return checked_close_timeout(timeout, self._options.shutdown_timeout)
 
-    def _request_close(self, *, drain: bool, timeout: float) -> None:
+    def _close_unstarted(self) -> None:
+        self._poller.close_unstarted()
+        self._controller.lifecycle = Lifecycle.CLOSED
+        self._controller.stopped.set_result(None)
+
+    def _request_close(self, drain: bool, timeout: float) -> None:
         """Ask the controller to close (or to close sooner, if closing already): never blocks,
         so a signal handler may call it."""
         if self.lifecycle is not Lifecycle.CLOSED:
@@ -528,6 +497,39 @@ class ParallelConsumer:
 
     def __enter__(self) -> ParallelConsumer:
         return self
+
+    async def __aenter__(self) -> AsyncParallelConsumer:
+        """Bind the consumer to the running event loop: ``async def`` handlers registered from
+        now on run there (docs/async-handlers.md). Must come before the handler."""
+        loop = asyncio.get_running_loop()
+        if self.lifecycle is not Lifecycle.NEW or self._handler is not None:
+            raise ConfigurationError(
+                "enter `async with ParallelConsumer(...)` before registering the handler: its "
+                "async def handler then runs on this event loop"
+            )
+        if self._loop is not None and self._loop is not loop:
+            raise ConfigurationError("this ParallelConsumer is bound to another event loop")
+        self._loop = loop
+
+        seam = CloseSeam(
+            self._request_close,
+            self._close_timeout,
+            self._controller.stopped,
+            lambda: self._loop_runner,
+            self._close_unstarted,
+            self._closed,
+        )
+        self._face = AsyncParallelConsumer(self, seam, loop)
+        return self._face
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._face is not None
+        await self._face.close()
 
     def __exit__(
         self,

@@ -29,6 +29,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from parallel_consumer.context import PollContext, RecordContext
 from parallel_consumer.errors import SerializationError
+from parallel_consumer.options import Options
 from parallel_consumer.produce import ProducerRecord, returned_outputs
 
 __all__ = ["Codec", "Codecs", "DecodedRecord", "deserializing"]
@@ -67,6 +68,17 @@ class Codecs:
     value_deserializer: Codec | None = None
     key_serializer: Codec | None = None
     value_serializer: Codec | None = None
+
+    @classmethod
+    def of(cls, options: Options, *, produces: bool) -> Codecs:
+        """The codecs ``options`` name; serializers only for a handler whose outputs are
+        produced."""
+        return cls(
+            options.key_deserializer,
+            options.value_deserializer,
+            options.key_serializer if produces else None,
+            options.value_serializer if produces else None,
+        )
 
     @property
     def deserializes(self) -> bool:

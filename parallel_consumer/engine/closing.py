@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FINAL_COMMIT_RETRY", "FINAL_COMMIT_TIMEOUT", "STOP_TIMEOUT", "Closing", "Step"]
+__all__ = [
+    "FINAL_COMMIT_RETRY",
+    "FINAL_COMMIT_TIMEOUT",
+    "STOP_TIMEOUT",
+    "Closing",
+    "Step",
+    "checked_close_timeout",
+]
 
 log = logging.getLogger("parallel_consumer")
 
@@ -26,6 +34,26 @@ FINAL_COMMIT_TIMEOUT = 10.0
 FINAL_COMMIT_RETRY = 0.2
 #: How long the poller (and, after a failure, the workers) may take to stop.
 STOP_TIMEOUT = 10.0
+#: The longest close timeout taken as given (a year): a larger one means "as long as it takes".
+_LONGEST_CLOSE = 365 * 24 * 3600.0
+
+
+def checked_close_timeout(timeout: float | None, default: float) -> float:
+    """A close's timeout as given to ``close()``/``run()`` (None: ``default``), checked."""
+    if timeout is None:
+        return default
+    if (
+        not isinstance(timeout, int | float)
+        or isinstance(timeout, bool)
+        or not math.isfinite(timeout)
+        or timeout < 0
+    ):
+        raise ValueError(
+            f"the close timeout must be finite seconds >= 0, got {timeout!r}: calls still "
+            "running past it are abandoned (processed again later), never waited for forever"
+        )
+    # (a wait far longer than any deployment allows: beyond what a lock's timeout can take)
+    return float(min(timeout, _LONGEST_CLOSE))
 
 
 class Step(enum.Enum):

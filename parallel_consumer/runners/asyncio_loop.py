@@ -1,9 +1,15 @@
-"""The asyncio runner: ``async def`` handlers as tasks on one event loop in its own thread.
+"""The asyncio runner: ``async def`` handlers as tasks on one event loop, either its own in its
+own thread (the private loop) or the application's (the caller's loop, given as ``loop``).
 
-The loop thread (``<name>-aio-loop``) is a portal in the manner of anyio's ``BlockingPortal``
-and dramatiq's ``EventLoopThread``: other threads never touch the loop's objects, they hand it
-callbacks with ``call_soon_threadsafe``. Thousands of calls may be in flight at once (each is a
-task, not a thread); the only limit is ``capacity`` (``Options.max_concurrency``).
+The private loop thread (``<name>-aio-loop``) is a portal in the manner of anyio's
+``BlockingPortal`` and dramatiq's ``EventLoopThread``: other threads never touch the loop's
+objects, they hand it callbacks with ``call_soon_threadsafe``. The caller's loop is used the
+same way, except that the runner never blocks its own callers on it (:meth:`AsyncioRunner.stop`
+only schedules the wind-down there, and :meth:`AsyncioRunner.ended` awaits it on the loop): the
+loop may be busy in the application's own code, even in a call to this consumer. Calls cross
+in batches both ways: one ``call_soon_threadsafe`` per burst of submissions, one report per
+pass of the loop for the calls that ended in it. Thousands of calls may be in flight at once
+(each is a task, not a thread); the only limit is ``capacity`` (``Options.max_concurrency``).
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ from collections.abc import Callable, Iterable
 from parallel_consumer._clock import Clock
 from parallel_consumer._events import CallResult, RunnerReport, WorkDone, WorkDoneMany
 from parallel_consumer.context import PollContext
-from parallel_consumer.errors import ConfigurationError
+from parallel_consumer.errors import ConfigurationError, ParallelConsumerError
 from parallel_consumer.hooks import Hooks, NoHooks, active_hooks
+from parallel_consumer.runners._private_loop import LagWatch, new_loop
 from parallel_consumer.runners.base import CallCancelled, Handler, RunnerFeatures, not_a_result
 
 __all__ = ["AsyncioRunner"]
@@ -33,12 +40,6 @@ log = logging.getLogger("parallel_consumer")
 #: After ``stop``'s timeout, how long cancelled calls may take to unwind (their ``finally``
 #: blocks, ``async with`` exits) before the loop stops anyway.
 CANCEL_GRACE = 1.0
-#: The loop checks every LAG_CHECK seconds that its timers run on time; a delay above
-#: LAG_WARNING means a handler blocked the loop (time.sleep, a synchronous client, heavy CPU).
-LAG_CHECK = 0.25
-LAG_WARNING = 0.5
-#: At most one blocked-loop warning per this many seconds.
-LAG_WARNING_EVERY = 60.0
 
 _Coroutine = types.CoroutineType
 
@@ -64,8 +65,17 @@ class AsyncioRunner:
         name: str = "pc",
         hooks: Hooks | None = None,
         loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
+        if loop is not None and loop_factory is not None:
+            raise ConfigurationError(
+                "Options.loop_factory makes the loop of the private-loop runner; handlers on the "
+                "caller's loop (async with ParallelConsumer(...)) run on that loop: remove "
+                "loop_factory"
+            )
         self.capacity = capacity
+        #: The caller's loop (the application's), or None for a loop of the runner's own.
+        self._callers_loop = loop
         self._loop_factory = loop_factory or asyncio.new_event_loop
         self.backlog = max(1, capacity // 4)
         self._clock = clock
@@ -91,17 +101,22 @@ class AsyncioRunner:
         #: Results of calls that ended in this pass of the loop, reported together at its end
         #: (:meth:`_report`): one event, one wake-up of the controller, for many calls.
         self._results: list[CallResult] = []
-        self._last_lag_warning = -LAG_WARNING_EVERY
         self._halted = False  # set by stop(), through the loop: the loop is to end
-        #: How often the loop was found blocked for longer than LAG_WARNING.
-        self.blocked_loop_count = 0
+        #: On the caller's loop: the wind-down that stop() scheduled (loop thread only).
+        self._winding_down: asyncio.Task[bool] | None = None
+        self._lag: LagWatch | None = None  # the private loop's
 
     # -- any thread -------------------------------------------------------------------------------
 
     def start(self, handler: Handler, done: Callable[[RunnerReport], None]) -> None:
         self._handler = handler
         self._done = done
-        loop = _new_loop(self._loop_factory)
+        if self._callers_loop is not None:
+            if self._callers_loop.is_closed():
+                raise ConfigurationError("the event loop given for the handlers is closed")
+            self._loop = self._callers_loop
+            return
+        loop = new_loop(self._loop_factory)
         ready = threading.Event()
         thread = threading.Thread(
             target=self._run_loop, args=(loop, ready), name=f"{self._name}-aio-loop", daemon=True
@@ -129,7 +144,13 @@ class AsyncioRunner:
                 return  # the loop will take these with the others: one wake-up per burst
             self._wake_pending = True
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._on_wake)
+        try:
+            self._loop.call_soon_threadsafe(self._on_wake)
+        except RuntimeError as exc:  # (only the caller's loop can close under a running runner)
+            raise ParallelConsumerError(
+                "the event loop the async handlers run on closed while the consumer was running: "
+                "close the consumer before its loop ends (async with ParallelConsumer(...))"
+            ) from exc
 
     def cancel_queued(self) -> list[int]:
         with self._lock:
@@ -156,6 +177,8 @@ class AsyncioRunner:
             was_open = self._open
             self._open = False
             self._queued.clear()
+        if self._callers_loop is not None:
+            return self._stop_on_callers_loop(was_open, timeout)
         loop, thread = self._loop, self._thread
         if not was_open or loop is None or thread is None or not thread.is_alive():
             return True
@@ -174,6 +197,45 @@ class AsyncioRunner:
             with contextlib.suppress(RuntimeError):  # already closed
                 loop.call_soon_threadsafe(self._halt)
             thread.join(CANCEL_GRACE)
+        return in_time
+
+    def _stop_on_callers_loop(self, was_open: bool, timeout: float) -> bool:
+        """stop() on the caller's loop: schedule the wind-down there and return at once. The
+        caller (the controller thread) must not wait for a loop that may be waiting for it (a
+        handler or route asking for ``health()``); :meth:`ended` awaits the wind-down."""
+        loop = self._loop
+        if not was_open or loop is None:
+            return True
+        try:
+            loop.call_soon_threadsafe(self._begin_wind_down, timeout)
+        except RuntimeError:  # the loop closed: its tasks are gone with it
+            log.warning("the event loop of %s closed before the consumer: calls lost", self._name)
+            return False
+        return True
+
+    async def ended(self) -> None:
+        """On the caller's loop, once :meth:`stop` was called: wait until every call has ended
+        and reported (those still running after the stop's timeout are cancelled). Cancelling
+        the waiter leaves the wind-down running."""
+        if self._loop is None:
+            return
+        task = self._begin_wind_down(0.0)
+        await asyncio.shield(task)
+
+    def _begin_wind_down(self, timeout: float) -> asyncio.Task[bool]:
+        """The wind-down task on the caller's loop, started once: what stop() asked for."""
+        assert self._loop is not None
+        if self._winding_down is None:
+            self._winding_down = self._loop.create_task(self._wind_down_and_end(timeout))
+        return self._winding_down
+
+    async def _wind_down_and_end(self, timeout: float) -> bool:
+        in_time = await self._wind_down(timeout)
+        # Calls that ignored their cancellation past CANCEL_GRACE end here, failed: the engine
+        # is closing and will not hear from them again.
+        for batch, (_, context) in list(self._running.items()):
+            self._end(batch, context, None, CallCancelled("the runner stopped"))
+        self._report()
         return in_time
 
     def _take_queued(self, batch: int) -> PollContext | None:
@@ -198,7 +260,8 @@ class AsyncioRunner:
         )
         loop.set_default_executor(blocking)
         loop.call_soon(ready.set)
-        loop.call_soon(self._watch_lag, loop.time())
+        self._lag = LagWatch(loop, f"{self._name}-aio-loop")
+        loop.call_soon(self._lag.check, loop.time())
         try:
             self._run_until_halted(loop)
         finally:
@@ -397,50 +460,18 @@ class AsyncioRunner:
             )
         return False
 
-    def _watch_lag(self, expected: float) -> None:
-        loop = self._loop
-        assert loop is not None
-        now = loop.time()
-        lag = now - expected
-        if lag > LAG_WARNING:
-            self.blocked_loop_count += 1
-            if now - self._last_lag_warning >= LAG_WARNING_EVERY:
-                self._last_lag_warning = now
-                log.warning(
-                    "the event loop %s-aio-loop was blocked for %.2fs: an async handler ran "
-                    "blocking code (time.sleep, a synchronous client, heavy CPU) and every other "
-                    "call waited; await asyncio.sleep / an async client instead, or move the "
-                    "blocking part to loop.run_in_executor",
-                    self._name,
-                    lag,
-                )
-        loop.call_later(LAG_CHECK, self._watch_lag, now + LAG_CHECK)
+    @property
+    def blocked_loop_count(self) -> int:
+        """How often the private loop was found blocked for longer than LAG_WARNING."""
+        return self._lag.blocked_count if self._lag is not None else 0
 
     def __repr__(self) -> str:
         state = "open" if self._open else "stopped"
+        where = "caller's loop" if self._callers_loop is not None else "own loop"
         return (
-            f"<AsyncioRunner {state} running={len(self._running)}/{self.capacity} "
+            f"<AsyncioRunner {where} {state} running={len(self._running)}/{self.capacity} "
             f"queued={len(self._queued)}>"
         )
-
-
-def _new_loop(factory: Callable[[], asyncio.AbstractEventLoop]) -> asyncio.AbstractEventLoop:
-    """A fresh loop from ``factory`` (Options.loop_factory), checked: a wrong factory fails
-    the start of the consumer with a clear error, not its first call."""
-    try:
-        loop = factory()
-    except Exception as exc:
-        raise ConfigurationError(f"Options.loop_factory {factory!r} failed: {exc!r}") from exc
-    if not isinstance(loop, asyncio.AbstractEventLoop):
-        raise ConfigurationError(
-            f"Options.loop_factory {factory!r} returned {loop!r}, not an asyncio event loop"
-        )
-    if loop.is_running() or loop.is_closed():
-        raise ConfigurationError(
-            f"Options.loop_factory {factory!r} returned a loop that is running or closed; it "
-            "must make a new loop each time (the runner runs it in its own thread)"
-        )
-    return loop
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

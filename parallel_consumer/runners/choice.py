@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from parallel_consumer._clock import Clock
@@ -18,8 +19,16 @@ __all__ = ["make_runner", "runner_kind_for"]
 
 
 def make_runner(
-    kind: RunnerKind, options: Options, clock: Clock, *, name: str, hooks: Hooks
+    kind: RunnerKind,
+    options: Options,
+    clock: Clock,
+    *,
+    name: str,
+    hooks: Hooks,
+    loop: asyncio.AbstractEventLoop | None = None,
 ) -> Runner:
+    """The runner of ``kind``; an asyncio runner runs on ``loop`` (the caller's, bound by
+    ``async with``) if given, else on a private loop in its own thread."""
     if kind is RunnerKind.ASYNCIO:
         return AsyncioRunner(
             options.max_concurrency,
@@ -27,6 +36,7 @@ def make_runner(
             name=name,
             hooks=hooks,
             loop_factory=options.loop_factory,
+            loop=loop,
         )
     if kind is RunnerKind.PROCESS:
         assert options.processes is not None

@@ -46,3 +46,13 @@ def test_the_readme_shows_the_quickstart_example_as_it_is():
     # Then the README shows the file's code (all but its docstring and __future__ import)
     code = example.split('"""', 2)[2].replace("from __future__ import annotations\n\n", "")
     assert shown.strip() == code.strip()
+
+
+def test_the_async_handlers_page_shows_the_fastapi_example_as_it_is():
+    # Given the FastAPI block of docs/async-handlers.md and examples/fastapi_service.py
+    page = (EXAMPLES.parent / "docs" / "async-handlers.md").read_text()
+    shown = page.split("### FastAPI", 1)[1].split("```python\n", 1)[1].split("```\n", 1)[0]
+    example = {line.strip() for line in (EXAMPLES / "fastapi_service.py").read_text().splitlines()}
+    # Then every line the page shows is a line of the example (indentation aside)
+    missing = [line for line in shown.splitlines() if line.strip() not in example]
+    assert missing == []

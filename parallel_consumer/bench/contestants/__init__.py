@@ -13,6 +13,7 @@ from parallel_consumer.bench.contestants.pc import (
     ParallelConsumerContestant,
     ParallelConsumerOtelContestant,
 )
+from parallel_consumer.bench.contestants.pc_loop import ParallelConsumerOnCallersLoopContestant
 from parallel_consumer.bench.contestants.pc_share import ParallelConsumerShareContestant
 from parallel_consumer.bench.contestants.pyrallel import PyrallelContestant
 from parallel_consumer.bench.contestants.share import ShareContestant
@@ -27,6 +28,7 @@ CONTESTANTS: dict[str, Contestant] = {
     for c in (
         ParallelConsumerContestant(),
         ParallelConsumerOtelContestant(),
+        ParallelConsumerOnCallersLoopContestant(),
         SerialContestant(),
         RawContestant(),
         AsyncioFloorContestant(),

@@ -7,7 +7,7 @@ import time
 import uuid
 from typing import Any
 
-from parallel_consumer import Options, ParallelConsumer, PollContext, ProcessingOrder
+from parallel_consumer import Options, ParallelConsumer, PollContext, ProcessingOrder, Statistics
 from parallel_consumer.bench import features
 from parallel_consumer.bench.contestants.base import LogRecorder, RunEnv
 from parallel_consumer.bench.kafka_io import base_consumer_config, new_group
@@ -16,7 +16,24 @@ from parallel_consumer.bench.work import async_work, burn, cpu_rounds, loop_fact
 from parallel_consumer.options import CommitMode, RunnerKind
 from parallel_consumer.testing import create_topic
 
-__all__ = ["ParallelConsumerContestant", "ParallelConsumerOtelContestant"]
+__all__ = [
+    "ParallelConsumerContestant",
+    "ParallelConsumerOtelContestant",
+    "committed_to_the_end",
+]
+
+
+def committed_to_the_end(
+    stats: Statistics, ends: dict[int, int], deadline: float, what: str
+) -> bool:
+    """Whether the broker acknowledged the end offset of every partition (where ``pc``'s clock
+    stops); RuntimeError once ``deadline`` (time.monotonic) passed without."""
+    committed = {s.partition: s.committed_offset for s in stats.partitions}
+    if all(committed.get(p) == end for p, end in ends.items() if end > 0):
+        return True
+    if time.monotonic() > deadline:
+        raise RuntimeError(f"{what}: commits did not reach {ends}: {committed}")
+    return False
 
 
 class ParallelConsumerContestant:
@@ -89,12 +106,7 @@ class ParallelConsumerContestant:
                 recorder.wait(env.timeout, f"pc {row.name}")
             # The clock stops when the broker acknowledged the end offset of every partition.
             deadline = time.monotonic() + 60
-            while True:
-                committed = {s.partition: s.committed_offset for s in pc.statistics().partitions}
-                if all(committed.get(p) == end for p, end in ends.items() if end > 0):
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"pc {row.name}: commits did not reach {ends}: {committed}")
+            while not committed_to_the_end(pc.statistics(), ends, deadline, f"pc {row.name}"):
                 time.sleep(0.002)
             finished = time.time()
             stats = pc.statistics()

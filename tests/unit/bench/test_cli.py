@@ -31,7 +31,7 @@ def test_an_unknown_peer_is_one_line(capsys):
     err = capsys.readouterr().err.strip()
     assert err == (
         "pc-bench: unknown peer kafka-streams; known: "
-        "pc-otel, serial, raw, asyncio, pyrallel, share, pc-share, java-pc"
+        "pc-otel, pc-loop, serial, raw, asyncio, pyrallel, share, pc-share, java-pc"
     )
 
 

@@ -36,8 +36,9 @@ def test_quick_is_w1_and_w2_reduced():
 
 
 def test_peers_are_every_contestant_but_us_and_our_own_variants():
-    # pc-otel is this library with metrics on: asked for by name (--peers pc-otel)
-    assert set(DEFAULT_PEERS) == set(CONTESTANTS) - {US, "pc-otel"}
+    # pc-otel is this library with metrics on, pc-loop with its async handlers on the
+    # contestant's loop: asked for by name (--peers pc-otel,pc-loop)
+    assert set(DEFAULT_PEERS) == set(CONTESTANTS) - {US, "pc-otel", "pc-loop"}
 
 
 def test_engine_features_answer_with_a_reason_or_none():
@@ -98,3 +99,15 @@ def test_only_pc_produces_and_raw_reads_beside_it_on_produce_rows():
     for name in ("serial", "pyrallel", "share", "java-pc"):
         assert CONTESTANTS[name].unsupported(row), name
     assert CONTESTANTS["raw"].unsupported(row) is None
+
+
+def test_pc_loop_runs_async_rows_only_on_the_rows_loop_not_one_of_the_consumers():
+    # Given the pc-loop contestant and W6's rows (asyncio's loop and uvloop's)
+    contestant = CONTESTANTS["pc-loop"]
+    for row in WORKLOADS["W6"].rows("full"):
+        # Then it runs them, and its consumer makes no loop of its own (the contestant's is used)
+        if row.runner.get("loop_factory") != "uvloop" or features.uvloop_missing() is None:
+            assert contestant.unsupported(row) is None
+        assert contestant.options(row).loop_factory is None  # type: ignore[attr-defined]
+    # And it leaves the thread rows to pc
+    assert contestant.unsupported(WORKLOADS["W2"].rows("full")[0]) is not None
