@@ -33,8 +33,9 @@ from parallel_consumer import (
     ProcessingOrder,
     Retry,
 )
-from parallel_consumer.kafka import committed_reader as _committed
-from parallel_consumer.kafka.committed_reader import CommittedReader, ExactReaderUnavailable
+from parallel_consumer.kafka import librdkafka
+from parallel_consumer.kafka.committed_reader import CommittedReader
+from parallel_consumer.kafka.librdkafka import Unavailable
 from parallel_consumer.offsets import decode_offset_map, read_committed_metadata
 from parallel_consumer.testing import produce_records
 from parallel_consumer.testing.pytest_plugin import KafkaBroker, TopicFactory
@@ -204,8 +205,8 @@ def test_python_to_java_hand_over_loses_nothing(
 def exact_reader_unavailable() -> str | None:
     """Why this library cannot read committed metadata exactly here, or None if it can."""
     try:
-        _committed._load()
-    except ExactReaderUnavailable as exc:
+        librdkafka.load()
+    except Unavailable as exc:
         return str(exc)
     return None
 
@@ -312,10 +313,10 @@ def test_java_to_python_hand_over(
         }
     else:
 
-        def unavailable() -> _committed._Library:
-            raise ExactReaderUnavailable("the test takes the fallback path")
+        def unavailable() -> librdkafka.Library:
+            raise Unavailable("the test takes the fallback path")
 
-        monkeypatch.setattr(_committed, "_load", unavailable)
+        monkeypatch.setattr(librdkafka, "load", unavailable)
 
     # When this library takes the group over and runs to the end of every partition
     second = PythonConsumer(consumer_config, name, set())
