@@ -8,14 +8,16 @@ first had finished them; "lost" counts unfinished records the second one never p
 figures are printed (``pytest -s``) so they can be quoted; ``docs/offset-metadata.md`` has them.
 
 The byte layouts are identical (``test_java_compat.py``); what these tests see is the transport:
-confluent-kafka passes commit metadata as a C string, see ``docs/offset-metadata.md``. Reading,
-this library avoids that where it can (``parallel_consumer/kafka/committed_reader.py`` reads
-the metadata with its exact length through librdkafka); the Java -> Python cases run both with
-that reader and with the fallback through confluent-kafka's ``committed()``.
+confluent-kafka passes commit metadata as a C string, see ``docs/offset-metadata.md``. This
+library avoids that where it can, reading (``parallel_consumer/kafka/committed_reader.py``) and
+committing (``parallel_consumer/kafka/exact_commits.py``) the metadata with its exact length
+through librdkafka; each direction also runs with the fallback through confluent-kafka.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import random
 import threading
 import time
@@ -33,12 +35,18 @@ from parallel_consumer import (
     ProcessingOrder,
     Retry,
 )
-from parallel_consumer.kafka import librdkafka
+from parallel_consumer.kafka import exact_commits, librdkafka
 from parallel_consumer.kafka.committed_reader import CommittedReader
 from parallel_consumer.kafka.librdkafka import Unavailable
-from parallel_consumer.offsets import decode_offset_map, read_committed_metadata
+from parallel_consumer.offsets import (
+    OffsetEncoding,
+    decode_offset_map,
+    plan_commit,
+    read_committed_metadata,
+)
 from parallel_consumer.testing import produce_records
 from parallel_consumer.testing.pytest_plugin import KafkaBroker, TopicFactory
+from parallel_consumer.work import commit_tracker
 
 pytestmark = [
     pytest.mark.compat,
@@ -148,13 +156,108 @@ def report(direction: str, records: int, unfinished: set[Record], processed: set
     )
 
 
-def test_python_to_java_hand_over_loses_nothing(
+def exact_commits_unavailable() -> str | None:
+    """Why this library cannot commit its maps exactly here (then it stores each map with a NUL
+    the Java library cannot decode), or None if it can."""
+    try:
+        librdkafka.load().writing()
+        exact_commits._check_client_version()
+    except Unavailable as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize(
+    "encoding",
+    [
+        # The encoding this library picks (the smallest; here RunLength compressed) ...
+        pytest.param(None, id="chosen"),
+        # ... and every encoding the Java library reads, forced
+        *(pytest.param(e, id=e.name.lower()) for e in OffsetEncoding if e.decodable),
+    ],
+)
+def test_python_to_java_hand_over_is_exact(
     kafka: KafkaBroker,
     topic: TopicFactory,
     consumer_config: dict[str, Any],
     python_consumers: list[PythonConsumer],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    encoding: OffsetEncoding | None,
 ) -> None:
+    if (why := exact_commits_unavailable()) is not None:
+        pytest.skip(f"offset maps cannot be committed exactly here: {why}")
+    if encoding is not None:
+        # (the library's test knob, as Java's OffsetMapCodecManager.forcedCodec)
+        monkeypatch.setattr(
+            commit_tracker, "plan_commit", functools.partial(plan_commit, force=encoding)
+        )
     # Given 5,000 records, of which this library finishes all but 50
+    name, records = produce(kafka, topic)
+    unfinished = pick_unfinished(records, 50, seed=1)
+    with caplog.at_level(logging.WARNING, logger="parallel_consumer"):
+        first = PythonConsumer(consumer_config, name, unfinished)
+        python_consumers.append(first)
+        wait_until(
+            lambda: len(first.processed) == RECORDS - len(unfinished),
+            timeout=45,
+            what="this library to finish every record but the unfinished ones",
+        )
+        # ... and closes, committing each partition's lowest unfinished offset and the map above
+        # it, exactly: no NUL after it
+        first.close(drain=False)
+    assert not [r for r in caplog.records if "committed exactly" in r.getMessage()]
+    lowest = {p: min(o for q, o in unfinished if q == p) for p in range(PARTITIONS)}
+    reader = CommittedReader(consumer_config)
+    try:
+        stored = reader.read([(name, p) for p in range(PARTITIONS)], timeout=15)
+    finally:
+        reader.close()
+    assert stored is not None, reader.unavailable
+    for (_, partition), (offset, metadata) in stored.items():
+        assert offset == lowest[partition]
+        assert metadata
+        assert not metadata.endswith("\x00")
+        decoded = decode_offset_map(offset, metadata, exact=True)
+        assert encoding is None or decoded.encoding is encoding
+        assert set(decoded.incomplete) == {
+            o for p, o in unfinished if p == partition and o <= decoded.highest_seen
+        }
+
+    # When the real Java Parallel Consumer takes the group over and runs to the end
+    java, log = run_java_consumer(
+        kafka.bootstrap_servers, name, consumer_config["group.id"], ordering="KEY"
+    )
+
+    # Then it read exactly the map this library committed ...
+    assert java["reached"], java
+    assert "rror decoding offsets" not in log, log[-2000:]
+    for partition, commit in java["committed_before"].items():
+        assert commit["metadata"] == stored[(name, int(partition))][1], commit
+        assert "error" not in commit["java_decoded"], commit
+        assert commit["java_decoded"]["incompletes"] == sorted(
+            o for p, o in unfinished if p == int(partition)
+        )
+        print(f"  partition {partition}: Java reads {len(commit['metadata'])} chars: {commit}")
+    # ... and processed exactly the records this library left unfinished: none lost, no
+    # finished record run again
+    processed = {(p, o) for p, o in java["processed"]}
+    label = encoding.name if encoding is not None else "chosen encoding"
+    report(f"Python -> Java ({label})", RECORDS, unfinished, processed)
+    assert processed == unfinished
+
+
+def test_python_to_java_hand_over_without_exact_commits_loses_nothing_but_replays(
+    kafka: KafkaBroker,
+    topic: TopicFactory,
+    consumer_config: dict[str, Any],
+    python_consumers: list[PythonConsumer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a process where this library cannot commit its maps exactly (it falls back to
+    # confluent-kafka's commit, see docs/offset-metadata.md) ...
+    monkeypatch.setattr(exact_commits, "CLIENT_VERIFIED_BELOW", (0, 0))
+    # ... and 5,000 records, of which this library finishes all but 50
     name, records = produce(kafka, topic)
     unfinished = pick_unfinished(records, 50, seed=1)
     first = PythonConsumer(consumer_config, name, unfinished)
@@ -185,7 +288,7 @@ def test_python_to_java_hand_over_loses_nothing(
     # Then it processed every unfinished record: nothing is lost
     assert java["reached"], java
     processed = {(p, o) for p, o in java["processed"]}
-    report("Python -> Java", RECORDS, unfinished, processed)
+    report("Python -> Java (fallback: confluent-kafka's commit)", RECORDS, unfinished, processed)
     assert unfinished <= processed
     # ... but it could not read the map: confluent-kafka stored it with a trailing NUL, which
     # Java's Base64 decoder rejects, so Java logged that and replayed everything from the
@@ -197,9 +300,6 @@ def test_python_to_java_hand_over_loses_nothing(
     print("  Java's log: " + " | ".join(line for line in log.splitlines() if "ecod" in line)[:600])
     replayed_from_committed = {(p, o) for p, o in records if o >= lowest[p]}
     assert processed == replayed_from_committed
-    # If confluent-kafka ever committed the exact string (no NUL; see docs/offset-metadata.md),
-    # the two checks above fail: Java would then decode the map, and this test should assert
-    # an exact hand-over instead: processed == unfinished (re-run 0).
 
 
 def exact_reader_unavailable() -> str | None:
