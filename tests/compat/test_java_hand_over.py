@@ -450,3 +450,60 @@ def test_java_to_python_hand_over(
         # ... and, beyond them, exactly the finished records the map cannot vouch for
         assert processed == unfinished | predicted_rerun
         assert predicted_rerun
+
+
+def java_name(encoding: OffsetEncoding) -> str:
+    """``OffsetEncoding.BIT_SET_V2_COMPRESSED`` -> ``BitSetV2Compressed``."""
+    return "".join(part.capitalize() for part in encoding.name.split("_"))
+
+
+@pytest.mark.parametrize(
+    "encoding", [pytest.param(e, id=e.name.lower()) for e in OffsetEncoding if e.decodable]
+)
+def test_java_to_python_hand_over_is_exact_in_every_encoding(
+    kafka: KafkaBroker,
+    topic: TopicFactory,
+    consumer_config: dict[str, Any],
+    python_consumers: list[PythonConsumer],
+    encoding: OffsetEncoding,
+) -> None:
+    if (why := exact_reader_unavailable()) is not None:
+        pytest.skip(f"the exact committed-metadata reader is unavailable: {why}")
+    # Given 5,000 records, of which the real Java Parallel Consumer finishes all but 50 and
+    # commits its maps in this encoding (the Java library's forcedCodec)
+    name, records = produce(kafka, topic)
+    unfinished = pick_unfinished(records, 50, seed=5)
+    java, _ = run_java_consumer(
+        kafka.bootstrap_servers,
+        name,
+        consumer_config["group.id"],
+        ordering="KEY",
+        failing=unfinished,
+        until_succeeded=RECORDS - len(unfinished),
+        force_codec=java_name(encoding),
+    )
+    assert java["reached"], java
+    for partition, commit in java["committed"].items():
+        decoded = decode_offset_map(commit["offset"], commit["metadata"], exact=True)
+        assert decoded.encoding is encoding, commit
+        assert set(decoded.incomplete) == {o for p, o in unfinished if p == int(partition)}
+
+    # When this library takes the group over (reading the maps exactly) and runs to the end
+    second = PythonConsumer(consumer_config, name, set())
+    python_consumers.append(second)
+    redelivered = sum(1 for p, o in records if o >= int(java["committed"][str(p)]["offset"]))
+
+    def everything_redelivered_is_done() -> bool:
+        if second.pc.failure is not None:
+            return True
+        stats = second.pc.statistics()
+        seen = stats.records_skipped + stats.records_registered
+        return seen >= redelivered and stats.records_succeeded == stats.records_registered
+
+    wait_until(everything_redelivered_is_done, timeout=45, what="the rest of the topic")
+    assert second.pc.failure is None, second.pc.failure
+    second.close(drain=True)
+
+    # Then it processed exactly the records Java left unfinished: none lost, none run again
+    report(f"Java -> Python ({encoding.name})", RECORDS, unfinished, second.processed)
+    assert second.processed == unfinished
