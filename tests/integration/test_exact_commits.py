@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 from parallel_consumer import (
     CommitMode,
@@ -26,7 +26,7 @@ from parallel_consumer import (
     ProcessingOrder,
     Retry,
 )
-from parallel_consumer.kafka import librdkafka
+from parallel_consumer.kafka import client_offsets, librdkafka
 from parallel_consumer.kafka.committed_reader import CommittedReader
 from parallel_consumer.kafka.exact_commits import ExactCommits
 from parallel_consumer.offsets import OffsetEncoding, decode_offset_map, encode_offset_map
@@ -319,3 +319,55 @@ def test_a_handle_that_fails_a_check_falls_back_with_one_warning_and_commits_sti
         unfinished = {o for p, o in failing if p == partition}
         assert offset == min(unfinished)
         assert set(decoded.incomplete) == {o for o in unfinished if o <= decoded.highest_seen}
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_map_over_the_brokers_limit_fails_its_partition_as_through_confluent_kafka(
+    topic: TopicFactory,
+    consumer_config: dict[str, Any],
+    member: Callable[..., Consumer],
+    asynchronous: bool,
+) -> None:
+    # Given a member and a commit whose map on partition 1 exceeds offset.metadata.max.bytes
+    name = topic(2)
+    answers: list[tuple[Any, list[Any]]] = []
+    consumer = member(name, 2, on_commit=lambda e, p: answers.append((e, p)))
+    commits = [
+        OffsetCommit((name, 0), 0, 5, "bAAGNgA="),
+        OffsetCommit((name, 1), 0, 9, "A" * 5000),
+    ]
+    exact = ExactCommits(consumer)
+    assert exact.ready(), exact.unavailable
+
+    def errors_of(commit: Callable[[], Any]) -> tuple[Any, dict[int, Any]]:
+        """The error the commit raised or its answer's, and the error per partition."""
+        answers.clear()
+        try:
+            stored = commit()
+        except KafkaException as exc:
+            return exc.args[0].code(), {}
+        if not asynchronous:
+            return None, {s.partition: s.error and s.error.code() for s in stored}
+        wait_until(
+            lambda: consumer.consume(timeout=0.05) is not None and answers,
+            timeout=15,
+            what="on_commit",
+        )
+        error, partitions = answers[0]
+        return error and error.code(), {p.partition: p.error and p.error.code() for p in partitions}
+
+    # When it is committed through confluent-kafka, and exactly
+    through_confluent = errors_of(
+        lambda: consumer.commit(
+            offsets=[client_offsets.kafka_offset(c) for c in commits], asynchronous=asynchronous
+        )
+    )
+    exactly = errors_of(lambda: exact.commit(commits, asynchronous=asynchronous))
+
+    # Then the answers are the same (the broker's error for the partition whose map is too
+    # large: raised when synchronous, as confluent-kafka raises it), and one the commit flow
+    # counts as permanent
+    assert exactly == through_confluent
+    too_large = KafkaError.OFFSET_METADATA_TOO_LARGE
+    assert exactly[0] == too_large if not asynchronous else exactly[1][1] == too_large
+    assert client_offsets.answer(commits[1], KafkaError(too_large)).permanent
