@@ -1,7 +1,8 @@
 """The consumer client's offset calls, translated once at the boundary: the offsets a commit
 sends, its answers and errors (which of them fail again however often they are retried), the
 commit requests carried out (:class:`CommitClient`), and the committed offsets read on
-assignment and on a rewind.
+assignment and on a rewind. Maps are committed with their exact bytes through
+``exact_commits.py`` when it can, else through the client's ``commit()`` (which appends a NUL).
 
 Called by the poller only, on its thread (the only one that touches the client).
 """
