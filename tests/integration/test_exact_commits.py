@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import random
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from engine_support import wait_until
 
 from parallel_consumer import (
     CommitMode,
@@ -38,14 +38,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.kafka_requires("commit_metadata")]
 
 ENCODINGS = [e for e in OffsetEncoding if e.decodable]
 FALLBACK_WARNING = "offset maps cannot be committed exactly"
-
-
-def wait_until(condition: Callable[[], object], *, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def read_exactly(config: dict[str, Any], topic: str, partitions: int) -> dict[int, Any]:
@@ -233,6 +225,42 @@ class Finishing:
         return []
 
 
+def finish_all_but(
+    kafka: KafkaBroker,
+    config: dict[str, Any],
+    name: str,
+    count: int,
+    unfinished: int,
+    mode: CommitMode,
+    seed: int,
+) -> set[tuple[int, int]]:
+    """Produce ``count`` records over 2 partitions of ``name``, run a consumer that finishes all
+    but ``unfinished`` random ones of them, and close it (its final commit holds each
+    partition's map); returns the unfinished records."""
+    written = produce_records(kafka.bootstrap_servers, name, count, partitions=[0, 1])
+    records = {(r.partition, r.offset) for r in written}
+    failing = set(random.Random(seed).sample(sorted(records), unfinished))
+    consumer = Finishing(config, name, failing, mode)
+    try:
+        wait_until(
+            lambda: len(consumer.done) == len(records) - len(failing),
+            timeout=45,
+            what="every record but the failing ones",
+        )
+    finally:
+        consumer.pc.close(drain=False, timeout=10)
+    return failing
+
+
+def check_maps(stored: dict[int, Any], failing: set[tuple[int, int]]) -> None:
+    """Each partition's stored map says exactly which of its records were left unfinished."""
+    for partition, (offset, metadata) in stored.items():
+        decoded = decode_offset_map(offset, metadata, exact=True)
+        unfinished = {o for p, o in failing if p == partition}
+        assert offset == min(unfinished)
+        assert set(decoded.incomplete) == {o for o in unfinished if o <= decoded.highest_seen}
+
+
 @pytest.mark.parametrize(
     "mode",
     [
@@ -252,32 +280,17 @@ def test_a_consumer_commits_its_maps_without_a_nul(
     mode: CommitMode,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # Given 2,000 records of which a consumer finishes all but 20
+    # Given 2,000 records of which a consumer finishes all but 20, and closes
     name = topic(2)
-    written = produce_records(kafka.bootstrap_servers, name, 2000, partitions=[0, 1])
-    records = {(r.partition, r.offset) for r in written}
-    failing = set(random.Random(3).sample(sorted(records), 20))
     with caplog.at_level(logging.WARNING, logger="parallel_consumer"):
-        consumer = Finishing(consumer_config, name, failing, mode)
-        try:
-            wait_until(
-                lambda: len(consumer.done) == len(records) - len(failing),
-                timeout=45,
-                what="every record but the failing ones",
-            )
-        finally:
-            # When it closes (its final commit holds each partition's map)
-            consumer.pc.close(drain=False, timeout=10)
+        failing = finish_all_but(kafka, consumer_config, name, 2000, 20, mode, seed=3)
 
     # Then the broker holds each map without a NUL, and it says exactly what was unfinished
     stored = read_exactly(consumer_config, name, 2)
-    for partition, (offset, metadata) in stored.items():
+    for metadata in (metadata for _, metadata in stored.values()):
         assert metadata, stored
         assert not metadata.endswith("\x00"), stored
-        decoded = decode_offset_map(offset, metadata, exact=True)
-        unfinished = {o for p, o in failing if p == partition}
-        assert offset == min(unfinished)
-        assert set(decoded.incomplete) == {o for o in unfinished if o <= decoded.highest_seen}
+    check_maps(stored, failing)
     assert not [r for r in caplog.records if FALLBACK_WARNING in r.getMessage()]
 
 
@@ -291,21 +304,12 @@ def test_a_handle_that_fails_a_check_falls_back_with_one_warning_and_commits_sti
     # Given a handle whose member id is not the consumer's (as if read from the wrong place)
     monkeypatch.setattr(librdkafka, "member_id", lambda lib, rk: "somebody-else")
     name = topic(2)
-    written = produce_records(kafka.bootstrap_servers, name, 1000, partitions=[0, 1])
-    records = {(r.partition, r.offset) for r in written}
-    failing = set(random.Random(4).sample(sorted(records), 10))
 
     # When a consumer commits many times and closes
     with caplog.at_level(logging.WARNING, logger="parallel_consumer"):
-        consumer = Finishing(consumer_config, name, failing, CommitMode.PERIODIC_CONSUMER_ASYNC)
-        try:
-            wait_until(
-                lambda: len(consumer.done) == len(records) - len(failing),
-                timeout=45,
-                what="every record but the failing ones",
-            )
-        finally:
-            consumer.pc.close(drain=False, timeout=10)
+        failing = finish_all_but(
+            kafka, consumer_config, name, 1000, 10, CommitMode.PERIODIC_CONSUMER_ASYNC, seed=4
+        )
 
     # Then it said so once, at WARNING, naming the check ...
     said = [r for r in caplog.records if FALLBACK_WARNING in r.getMessage()]
@@ -313,12 +317,9 @@ def test_a_handle_that_fails_a_check_falls_back_with_one_warning_and_commits_sti
     assert said[0].levelno == logging.WARNING
     assert "member id" in said[0].getMessage()
     # ... and committed through confluent-kafka as before: each map with its NUL
-    for partition, (offset, metadata) in read_exactly(consumer_config, name, 2).items():
-        assert metadata.endswith("\x00")
-        decoded = decode_offset_map(offset, metadata, exact=True)
-        unfinished = {o for p, o in failing if p == partition}
-        assert offset == min(unfinished)
-        assert set(decoded.incomplete) == {o for o in unfinished if o <= decoded.highest_seen}
+    stored = read_exactly(consumer_config, name, 2)
+    assert all(metadata.endswith("\x00") for _, metadata in stored.values()), stored
+    check_maps(stored, failing)
 
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
