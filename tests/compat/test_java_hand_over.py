@@ -156,6 +156,29 @@ def report(direction: str, records: int, unfinished: set[Record], processed: set
     )
 
 
+def python_finishes_all_but_50(
+    kafka: KafkaBroker,
+    topic: TopicFactory,
+    config: dict[str, Any],
+    python_consumers: list[PythonConsumer],
+) -> tuple[str, set[Record], set[Record], dict[int, int]]:
+    """A topic of RECORDS records of which this library finishes all but 50 and closes,
+    committing each partition's lowest unfinished offset and the map above it. Returns the
+    topic, its records, the unfinished ones and the lowest unfinished offset per partition."""
+    name, records = produce(kafka, topic)
+    unfinished = pick_unfinished(records, 50, seed=1)
+    first = PythonConsumer(config, name, unfinished)
+    python_consumers.append(first)
+    wait_until(
+        lambda: len(first.processed) == RECORDS - len(unfinished),
+        timeout=45,
+        what="this library to finish every record but the unfinished ones",
+    )
+    first.close(drain=False)
+    lowest = {p: min(o for q, o in unfinished if q == p) for p in range(PARTITIONS)}
+    return name, records, unfinished, lowest
+
+
 def exact_commits_unavailable() -> str | None:
     """Why this library cannot commit its maps exactly here (then it stores each map with a NUL
     the Java library cannot decode), or None if it can."""
@@ -192,22 +215,13 @@ def test_python_to_java_hand_over_is_exact(
         monkeypatch.setattr(
             commit_tracker, "plan_commit", functools.partial(plan_commit, force=encoding)
         )
-    # Given 5,000 records, of which this library finishes all but 50
-    name, records = produce(kafka, topic)
-    unfinished = pick_unfinished(records, 50, seed=1)
+    # Given 5,000 records, of which this library finishes all but 50, and closes, committing
+    # each partition's lowest unfinished offset and the map above it, exactly: no NUL after it
     with caplog.at_level(logging.WARNING, logger="parallel_consumer"):
-        first = PythonConsumer(consumer_config, name, unfinished)
-        python_consumers.append(first)
-        wait_until(
-            lambda: len(first.processed) == RECORDS - len(unfinished),
-            timeout=45,
-            what="this library to finish every record but the unfinished ones",
+        name, _, unfinished, lowest = python_finishes_all_but_50(
+            kafka, topic, consumer_config, python_consumers
         )
-        # ... and closes, committing each partition's lowest unfinished offset and the map above
-        # it, exactly: no NUL after it
-        first.close(drain=False)
     assert not [r for r in caplog.records if "committed exactly" in r.getMessage()]
-    lowest = {p: min(o for q, o in unfinished if q == p) for p in range(PARTITIONS)}
     reader = CommittedReader(consumer_config)
     try:
         stored = reader.read([(name, p) for p in range(PARTITIONS)], timeout=15)
@@ -257,19 +271,10 @@ def test_python_to_java_hand_over_without_exact_commits_loses_nothing_but_replay
     # Given a process where this library cannot commit its maps exactly (it falls back to
     # confluent-kafka's commit, see docs/offset-metadata.md) ...
     monkeypatch.setattr(exact_commits, "CLIENT_VERIFIED_BELOW", (0, 0))
-    # ... and 5,000 records, of which this library finishes all but 50
-    name, records = produce(kafka, topic)
-    unfinished = pick_unfinished(records, 50, seed=1)
-    first = PythonConsumer(consumer_config, name, unfinished)
-    python_consumers.append(first)
-    wait_until(
-        lambda: len(first.processed) == RECORDS - len(unfinished),
-        timeout=45,
-        what="this library to finish every record but the unfinished ones",
+    # ... and 5,000 records, of which this library finishes all but 50, and closes
+    name, records, unfinished, lowest = python_finishes_all_but_50(
+        kafka, topic, consumer_config, python_consumers
     )
-    # ... and closes, committing each partition's lowest unfinished offset and the map above it
-    first.close(drain=False)
-    lowest = {p: min(o for q, o in unfinished if q == p) for p in range(PARTITIONS)}
     for partition, (offset, metadata, _) in committed_as_confluent_kafka_reads_it(
         consumer_config, name
     ).items():
