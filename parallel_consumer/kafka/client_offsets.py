@@ -1,7 +1,8 @@
 """The consumer client's offset calls, translated once at the boundary: the offsets a commit
 sends, its answers and errors (which of them fail again however often they are retried), the
 commit requests carried out (:class:`CommitClient`), and the committed offsets read on
-assignment and on a rewind.
+assignment and on a rewind. Maps are committed with their exact bytes through
+``exact_commits.py`` when it can, else through the client's ``commit()`` (which appends a NUL).
 
 Called by the poller only, on its thread (the only one that touches the client).
 """
@@ -13,18 +14,27 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from parallel_consumer._events import Commit
 from parallel_consumer.kafka.assigned import AssignedPartitions
 from parallel_consumer.kafka.commit_requests import CommitRequests, Decision, Reply, Request
 from parallel_consumer.kafka.committed_reader import CommittedReader
+from parallel_consumer.kafka.exact_commits import ExactCommits
 from parallel_consumer.offsets import read_committed_metadata
 from parallel_consumer.work.commit_tracker import CommitAnswer, OffsetCommit
 from parallel_consumer.work.item import TopicPartition
 
-__all__ = ["CommitClient", "answer", "commit_sync", "failed", "kafka_offset", "read_committed"]
+__all__ = [
+    "CommitClient",
+    "answer",
+    "commit_sync",
+    "failed",
+    "kafka_offset",
+    "read_committed",
+    "send_offsets_to_transaction",
+]
 
 log = logging.getLogger("parallel_consumer")
 
@@ -71,10 +81,22 @@ def failed(commits: Sequence[OffsetCommit], exc: KafkaException) -> tuple[Commit
     return tuple(answer(c, error) for c in commits)
 
 
-def commit_sync(consumer: Any, commits: Sequence[OffsetCommit]) -> tuple[CommitAnswer, ...]:
+def _commit(
+    consumer: Any, exact: ExactCommits | None, commits: Sequence[OffsetCommit], asynchronous: bool
+) -> Any:
+    """``consumer.commit(offsets=..., asynchronous=...)``, with each map's exact bytes through
+    ``exact`` when it can (see ``kafka/exact_commits.py``)."""
+    if exact is not None and exact.ready():
+        return exact.commit(commits, asynchronous=asynchronous)
+    return consumer.commit(offsets=[kafka_offset(c) for c in commits], asynchronous=asynchronous)
+
+
+def commit_sync(
+    consumer: Any, commits: Sequence[OffsetCommit], exact: ExactCommits | None = None
+) -> tuple[CommitAnswer, ...]:
     """Commit ``commits`` and wait for the answer."""
     try:
-        stored = consumer.commit(offsets=[kafka_offset(c) for c in commits], asynchronous=False)
+        stored = _commit(consumer, exact, commits, asynchronous=False)
     except KafkaException as exc:
         log.warning("commit failed: %s", exc)
         return failed(commits, exc)
@@ -87,10 +109,12 @@ class CommitClient:
     sent, the client's ``on_commit`` answers matched to them, replies set. Owned by the poller
     thread (the client serves its callbacks inside ``consume()``)."""
 
-    def __init__(self, client: Any, assigned: AssignedPartitions) -> None:
+    def __init__(self, client: Any, assigned: AssignedPartitions, *, name: str = "pc") -> None:
         self.requests = CommitRequests()
         self._client = client
         self._assigned = assigned
+        #: Commits maps byte for byte on the client's own handle: only for a real client.
+        self.exact = ExactCommits(client, name=name) if isinstance(client, Consumer) else None
 
     def commit(self, command: Commit, revoking: frozenset[TopicPartition]) -> None:
         """A Commit command arrived; ``revoking``: the partitions being revoked right now."""
@@ -135,10 +159,10 @@ class CommitClient:
         (answered by ``on_commit``)."""
         live = request.offsets
         if request.sync:
-            _reply(request.answer(commit_sync(self._client, live)))
+            _reply(request.answer(commit_sync(self._client, live, self.exact)))
             return
         try:
-            self._client.commit(offsets=[kafka_offset(c) for c in live], asynchronous=True)
+            _commit(self._client, self.exact, live, asynchronous=True)
         except KafkaException as exc:
             _reply(request.answer(failed(live, exc)))
             return
@@ -148,6 +172,22 @@ class CommitClient:
 def _reply(replies: Iterable[Reply]) -> None:
     for reply in replies:
         reply.command.reply.set_result(reply.answers)
+
+
+def send_offsets_to_transaction(
+    producer: Any,
+    consumer: Any,
+    exact: ExactCommits | None,
+    commits: Sequence[OffsetCommit],
+    timeout: float,
+) -> None:
+    """Add ``commits`` to ``producer``'s open transaction as ``consumer``'s group's offsets,
+    each map's exact bytes through ``exact`` when it can; raises KafkaException."""
+    if exact is not None and exact.send_offsets_to_transaction(producer, commits, timeout):
+        return
+    producer.send_offsets_to_transaction(
+        [kafka_offset(c) for c in commits], consumer.consumer_group_metadata(), timeout
+    )
 
 
 def read_committed(

@@ -124,7 +124,7 @@ class Poller:
             self._client_log.configure({**config, "on_commit": self._on_commit})
         )
         #: One commit request at a time, decided and carried out on the client.
-        self._commits = CommitClient(self._consumer, self._assigned)
+        self._commits = CommitClient(self._consumer, self._assigned, name=name)
         #: Reads committed metadata with its exact length (``kafka/committed_reader.py``),
         #: through a handle of its own made from the same configuration: only for a real client.
         self._exact_reader = (
@@ -176,7 +176,12 @@ class Poller:
     def run_transactions(self, outputs: Outputs) -> None:
         """Run the transactions of ``outputs`` (before :meth:`start`)."""
         self._transactions = Transactions(
-            outputs, self._consumer, self._assigned, self._post, request_timeout=REQUEST_TIMEOUT
+            outputs,
+            self._consumer,
+            self._assigned,
+            self._post,
+            request_timeout=REQUEST_TIMEOUT,
+            exact=self._commits.exact,
         )
 
     def start(self) -> None:

@@ -311,17 +311,19 @@ class Outputs:
         """Abort the open transaction and begin the next one."""
         return self._abort_after(None, reason)
 
-    def transact(self, offsets: list[Any], group_metadata: Any) -> tuple[TransactionOutcome, str]:
-        """Add ``offsets`` to the open transaction, commit it, and begin the next one. On an
-        abortable error abort instead (and begin the next one)."""
+    def transact(
+        self, send_offsets: Callable[[Any, float], None] | None
+    ) -> tuple[TransactionOutcome, str]:
+        """Add the offsets to the open transaction (``send_offsets(producer, timeout)``, which
+        raises KafkaException as ``send_offsets_to_transaction`` does; None: no offsets), commit
+        it, and begin the next one. On an abortable error abort instead (and begin the next
+        one)."""
         producer = self._producer
         error: KafkaError | None = None
         for attempt in range(COMMIT_ATTEMPTS):
             try:
-                if offsets and attempt == 0:
-                    producer.send_offsets_to_transaction(
-                        offsets, group_metadata, TRANSACTION_TIMEOUT
-                    )
+                if send_offsets is not None and attempt == 0:
+                    send_offsets(producer, TRANSACTION_TIMEOUT)
                 producer.commit_transaction(TRANSACTION_TIMEOUT)
             except KafkaException as exc:
                 error = _kafka_error(exc)

@@ -21,8 +21,9 @@ from parallel_consumer.errors import InternalError
 from parallel_consumer.kafka import client_offsets
 from parallel_consumer.kafka.assigned import AssignedPartitions
 from parallel_consumer.kafka.commit_requests import split_live
+from parallel_consumer.kafka.exact_commits import ExactCommits
 from parallel_consumer.kafka.producer import Outputs, TransactionOutcome
-from parallel_consumer.work.commit_tracker import CommitAnswer
+from parallel_consumer.work.commit_tracker import CommitAnswer, OffsetCommit
 from parallel_consumer.work.item import TopicPartition
 
 __all__ = ["Transactions"]
@@ -41,8 +42,11 @@ class Transactions:
         post: Callable[[ControllerEvent], None],
         *,
         request_timeout: float,
+        exact: ExactCommits | None = None,
     ) -> None:
         self._outputs = outputs
+        #: Sends the maps byte for byte when it can (``kafka/exact_commits.py``).
+        self._exact = exact
         self._consumer = consumer
         self._assigned = assigned
         self._post = post
@@ -58,9 +62,7 @@ class Transactions:
                 "were lost"
             )
         else:
-            request = [client_offsets.kafka_offset(c) for c in live]
-            metadata = self._consumer.consumer_group_metadata() if request else None
-            outcome, reason = outputs.transact(request, metadata)
+            outcome, reason = outputs.transact(self._offsets_sender(live) if live else None)
         if outcome is TransactionOutcome.COMMITTED:
             command.reply.set_result((*dropped, *(CommitAnswer(c) for c in live)))
             return
@@ -78,6 +80,16 @@ class Transactions:
         if not live:
             # Nothing to carry the failure to the controller: stop through the poller instead.
             raise InternalError(reason)
+
+    def _offsets_sender(self, live: list[OffsetCommit]) -> Callable[[Any, float], None]:
+        """What adds ``live`` to the open transaction (see ``Outputs.transact``)."""
+
+        def send(producer: Any, timeout: float) -> None:
+            client_offsets.send_offsets_to_transaction(
+                producer, self._consumer, self._exact, live, timeout
+            )
+
+        return send
 
     def abort(self, reason: str, revoking: frozenset[TopicPartition]) -> None:
         """Abort the open transaction (a revoke timed out: outputs of the revoked partitions

@@ -269,15 +269,18 @@ def run_java_consumer(
     failing: Iterable[tuple[int, int]] = (),
     until_succeeded: int | None = None,
     timeout: float = 45.0,
+    force_codec: str | None = None,
 ) -> tuple[Vector, str]:
     """Run the real Java Parallel Consumer (``HandOverRunner``) on ``topic`` for ``group``.
 
     Its handler throws for every (partition, offset) in ``failing``, so those stay unfinished.
     It closes (committing the offset and the offset map) once ``until_succeeded`` records
     succeeded, or, when that is None, once the group's commit reached the end of every
-    partition with no work left. Returns its report (``processed``: [partition, offset] in the
-    order they succeeded; ``committed_before`` / ``committed``: the group's commit as the Java
-    client reads it, with Java's decoding) and its log (warnings and errors).
+    partition with no work left. ``force_codec``: the Java name of the encoding every map it
+    commits is in (the Java library's test knob), else the smallest. Returns its report
+    (``processed``: [partition, offset] in the order they succeeded; ``committed_before`` /
+    ``committed``: the group's commit as the Java client reads it, with Java's decoding) and
+    its log (warnings and errors).
     """
     classpath = build_harness()
     with tempfile.TemporaryDirectory() as tmp:
@@ -305,6 +308,8 @@ def run_java_consumer(
             "--out",
             str(out),
         ]
+        if force_codec is not None:
+            command += ["--force-codec", force_codec]
         command += (
             ["--until-committed-end"]
             if until_succeeded is None

@@ -8,14 +8,16 @@ first had finished them; "lost" counts unfinished records the second one never p
 figures are printed (``pytest -s``) so they can be quoted; ``docs/offset-metadata.md`` has them.
 
 The byte layouts are identical (``test_java_compat.py``); what these tests see is the transport:
-confluent-kafka passes commit metadata as a C string, see ``docs/offset-metadata.md``. Reading,
-this library avoids that where it can (``parallel_consumer/kafka/committed_reader.py`` reads
-the metadata with its exact length through librdkafka); the Java -> Python cases run both with
-that reader and with the fallback through confluent-kafka's ``committed()``.
+confluent-kafka passes commit metadata as a C string, see ``docs/offset-metadata.md``. This
+library avoids that where it can, reading (``parallel_consumer/kafka/committed_reader.py``) and
+committing (``parallel_consumer/kafka/exact_commits.py``) the metadata with its exact length
+through librdkafka; each direction also runs with the fallback through confluent-kafka.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import random
 import threading
 import time
@@ -33,11 +35,18 @@ from parallel_consumer import (
     ProcessingOrder,
     Retry,
 )
-from parallel_consumer.kafka import committed_reader as _committed
-from parallel_consumer.kafka.committed_reader import CommittedReader, ExactReaderUnavailable
-from parallel_consumer.offsets import decode_offset_map, read_committed_metadata
+from parallel_consumer.kafka import exact_commits, librdkafka
+from parallel_consumer.kafka.committed_reader import CommittedReader
+from parallel_consumer.kafka.librdkafka import Unavailable
+from parallel_consumer.offsets import (
+    OffsetEncoding,
+    decode_offset_map,
+    plan_commit,
+    read_committed_metadata,
+)
 from parallel_consumer.testing import produce_records
 from parallel_consumer.testing.pytest_plugin import KafkaBroker, TopicFactory
+from parallel_consumer.work import commit_tracker
 
 pytestmark = [
     pytest.mark.compat,
@@ -147,25 +156,125 @@ def report(direction: str, records: int, unfinished: set[Record], processed: set
     )
 
 
-def test_python_to_java_hand_over_loses_nothing(
+def python_finishes_all_but_50(
     kafka: KafkaBroker,
     topic: TopicFactory,
-    consumer_config: dict[str, Any],
+    config: dict[str, Any],
     python_consumers: list[PythonConsumer],
-) -> None:
-    # Given 5,000 records, of which this library finishes all but 50
+) -> tuple[str, set[Record], set[Record], dict[int, int]]:
+    """A topic of RECORDS records of which this library finishes all but 50 and closes,
+    committing each partition's lowest unfinished offset and the map above it. Returns the
+    topic, its records, the unfinished ones and the lowest unfinished offset per partition."""
     name, records = produce(kafka, topic)
     unfinished = pick_unfinished(records, 50, seed=1)
-    first = PythonConsumer(consumer_config, name, unfinished)
+    first = PythonConsumer(config, name, unfinished)
     python_consumers.append(first)
     wait_until(
         lambda: len(first.processed) == RECORDS - len(unfinished),
         timeout=45,
         what="this library to finish every record but the unfinished ones",
     )
-    # ... and closes, committing each partition's lowest unfinished offset and the map above it
     first.close(drain=False)
     lowest = {p: min(o for q, o in unfinished if q == p) for p in range(PARTITIONS)}
+    return name, records, unfinished, lowest
+
+
+def exact_commits_unavailable() -> str | None:
+    """Why this library cannot commit its maps exactly here (then it stores each map with a NUL
+    the Java library cannot decode), or None if it can."""
+    try:
+        librdkafka.load().writing()
+        exact_commits._check_client_version()
+    except Unavailable as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize(
+    "encoding",
+    [
+        # The encoding this library picks (the smallest; here RunLength compressed) ...
+        pytest.param(None, id="chosen"),
+        # ... and every encoding the Java library reads, forced
+        *(pytest.param(e, id=e.name.lower()) for e in OffsetEncoding if e.decodable),
+    ],
+)
+def test_python_to_java_hand_over_is_exact(
+    kafka: KafkaBroker,
+    topic: TopicFactory,
+    consumer_config: dict[str, Any],
+    python_consumers: list[PythonConsumer],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    encoding: OffsetEncoding | None,
+) -> None:
+    if (why := exact_commits_unavailable()) is not None:
+        pytest.skip(f"offset maps cannot be committed exactly here: {why}")
+    if encoding is not None:
+        # (the library's test knob, as Java's OffsetMapCodecManager.forcedCodec)
+        monkeypatch.setattr(
+            commit_tracker, "plan_commit", functools.partial(plan_commit, force=encoding)
+        )
+    # Given 5,000 records, of which this library finishes all but 50, and closes, committing
+    # each partition's lowest unfinished offset and the map above it, exactly: no NUL after it
+    with caplog.at_level(logging.WARNING, logger="parallel_consumer"):
+        name, _, unfinished, lowest = python_finishes_all_but_50(
+            kafka, topic, consumer_config, python_consumers
+        )
+    assert not [r for r in caplog.records if "committed exactly" in r.getMessage()]
+    reader = CommittedReader(consumer_config)
+    try:
+        stored = reader.read([(name, p) for p in range(PARTITIONS)], timeout=15)
+    finally:
+        reader.close()
+    assert stored is not None, reader.unavailable
+    for (_, partition), (offset, metadata) in stored.items():
+        assert offset == lowest[partition]
+        assert metadata
+        assert not metadata.endswith("\x00")
+        decoded = decode_offset_map(offset, metadata, exact=True)
+        assert encoding is None or decoded.encoding is encoding
+        assert set(decoded.incomplete) == {
+            o for p, o in unfinished if p == partition and o <= decoded.highest_seen
+        }
+
+    # When the real Java Parallel Consumer takes the group over and runs to the end
+    java, log = run_java_consumer(
+        kafka.bootstrap_servers, name, consumer_config["group.id"], ordering="KEY"
+    )
+
+    # Then it read exactly the map this library committed ...
+    assert java["reached"], java
+    assert "rror decoding offsets" not in log, log[-2000:]
+    for partition, commit in java["committed_before"].items():
+        assert commit["metadata"] == stored[(name, int(partition))][1], commit
+        assert "error" not in commit["java_decoded"], commit
+        assert commit["java_decoded"]["incompletes"] == sorted(
+            o for p, o in unfinished if p == int(partition)
+        )
+        print(f"  partition {partition}: Java reads {len(commit['metadata'])} chars: {commit}")
+    # ... and processed exactly the records this library left unfinished: none lost, no
+    # finished record run again
+    processed = {(p, o) for p, o in java["processed"]}
+    label = encoding.name if encoding is not None else "chosen encoding"
+    report(f"Python -> Java ({label})", RECORDS, unfinished, processed)
+    assert processed == unfinished
+
+
+def test_python_to_java_hand_over_without_exact_commits_loses_nothing_but_replays(
+    kafka: KafkaBroker,
+    topic: TopicFactory,
+    consumer_config: dict[str, Any],
+    python_consumers: list[PythonConsumer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a process where this library cannot commit its maps exactly (it falls back to
+    # confluent-kafka's commit, see docs/offset-metadata.md) ...
+    monkeypatch.setattr(exact_commits, "CLIENT_VERIFIED_BELOW", (0, 0))
+    # ... and 5,000 records, of which this library finishes all but 50, and closes
+    name, records, unfinished, lowest = python_finishes_all_but_50(
+        kafka, topic, consumer_config, python_consumers
+    )
     for partition, (offset, metadata, _) in committed_as_confluent_kafka_reads_it(
         consumer_config, name
     ).items():
@@ -184,7 +293,7 @@ def test_python_to_java_hand_over_loses_nothing(
     # Then it processed every unfinished record: nothing is lost
     assert java["reached"], java
     processed = {(p, o) for p, o in java["processed"]}
-    report("Python -> Java", RECORDS, unfinished, processed)
+    report("Python -> Java (fallback: confluent-kafka's commit)", RECORDS, unfinished, processed)
     assert unfinished <= processed
     # ... but it could not read the map: confluent-kafka stored it with a trailing NUL, which
     # Java's Base64 decoder rejects, so Java logged that and replayed everything from the
@@ -196,16 +305,13 @@ def test_python_to_java_hand_over_loses_nothing(
     print("  Java's log: " + " | ".join(line for line in log.splitlines() if "ecod" in line)[:600])
     replayed_from_committed = {(p, o) for p, o in records if o >= lowest[p]}
     assert processed == replayed_from_committed
-    # If confluent-kafka ever committed the exact string (no NUL; see docs/offset-metadata.md),
-    # the two checks above fail: Java would then decode the map, and this test should assert
-    # an exact hand-over instead: processed == unfinished (re-run 0).
 
 
 def exact_reader_unavailable() -> str | None:
     """Why this library cannot read committed metadata exactly here, or None if it can."""
     try:
-        _committed._load()
-    except ExactReaderUnavailable as exc:
+        librdkafka.load()
+    except Unavailable as exc:
         return str(exc)
     return None
 
@@ -312,10 +418,10 @@ def test_java_to_python_hand_over(
         }
     else:
 
-        def unavailable() -> _committed._Library:
-            raise ExactReaderUnavailable("the test takes the fallback path")
+        def unavailable() -> librdkafka.Library:
+            raise Unavailable("the test takes the fallback path")
 
-        monkeypatch.setattr(_committed, "_load", unavailable)
+        monkeypatch.setattr(librdkafka, "load", unavailable)
 
     # When this library takes the group over and runs to the end of every partition
     second = PythonConsumer(consumer_config, name, set())
@@ -349,3 +455,60 @@ def test_java_to_python_hand_over(
         # ... and, beyond them, exactly the finished records the map cannot vouch for
         assert processed == unfinished | predicted_rerun
         assert predicted_rerun
+
+
+def java_name(encoding: OffsetEncoding) -> str:
+    """``OffsetEncoding.BIT_SET_V2_COMPRESSED`` -> ``BitSetV2Compressed``."""
+    return "".join(part.capitalize() for part in encoding.name.split("_"))
+
+
+@pytest.mark.parametrize(
+    "encoding", [pytest.param(e, id=e.name.lower()) for e in OffsetEncoding if e.decodable]
+)
+def test_java_to_python_hand_over_is_exact_in_every_encoding(
+    kafka: KafkaBroker,
+    topic: TopicFactory,
+    consumer_config: dict[str, Any],
+    python_consumers: list[PythonConsumer],
+    encoding: OffsetEncoding,
+) -> None:
+    if (why := exact_reader_unavailable()) is not None:
+        pytest.skip(f"the exact committed-metadata reader is unavailable: {why}")
+    # Given 5,000 records, of which the real Java Parallel Consumer finishes all but 50 and
+    # commits its maps in this encoding (the Java library's forcedCodec)
+    name, records = produce(kafka, topic)
+    unfinished = pick_unfinished(records, 50, seed=5)
+    java, _ = run_java_consumer(
+        kafka.bootstrap_servers,
+        name,
+        consumer_config["group.id"],
+        ordering="KEY",
+        failing=unfinished,
+        until_succeeded=RECORDS - len(unfinished),
+        force_codec=java_name(encoding),
+    )
+    assert java["reached"], java
+    for partition, commit in java["committed"].items():
+        decoded = decode_offset_map(commit["offset"], commit["metadata"], exact=True)
+        assert decoded.encoding is encoding, commit
+        assert set(decoded.incomplete) == {o for p, o in unfinished if p == int(partition)}
+
+    # When this library takes the group over (reading the maps exactly) and runs to the end
+    second = PythonConsumer(consumer_config, name, set())
+    python_consumers.append(second)
+    redelivered = sum(1 for p, o in records if o >= int(java["committed"][str(p)]["offset"]))
+
+    def everything_redelivered_is_done() -> bool:
+        if second.pc.failure is not None:
+            return True
+        stats = second.pc.statistics()
+        seen = stats.records_skipped + stats.records_registered
+        return seen >= redelivered and stats.records_succeeded == stats.records_registered
+
+    wait_until(everything_redelivered_is_done, timeout=45, what="the rest of the topic")
+    assert second.pc.failure is None, second.pc.failure
+    second.close(drain=True)
+
+    # Then it processed exactly the records Java left unfinished: none lost, none run again
+    report(f"Java -> Python ({encoding.name})", RECORDS, unfinished, second.processed)
+    assert second.processed == unfinished

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import OFFSET_INVALID, Consumer, TopicPartition
 
 from parallel_consumer import (
     Lifecycle,
@@ -25,6 +25,8 @@ from parallel_consumer import (
     ProcessingOrder,
     Statistics,
 )
+from parallel_consumer.kafka.committed_reader import CommittedReader
+from parallel_consumer.offsets import read_committed_metadata
 
 log = logging.getLogger(__name__)
 
@@ -190,8 +192,23 @@ def committed(
 ) -> dict[int, tuple[int, str]]:
     """What the broker stores for ``config``'s group: partition -> (offset, metadata).
 
-    An unset offset reads as -1001 (OFFSET_INVALID) and missing metadata as "".
+    An unset offset reads as -1001 (OFFSET_INVALID) and missing metadata as "". The metadata is
+    read with its exact length (``CommittedReader``; confluent-kafka's ``committed()`` reads a
+    map committed without a NUL past its end), less the one NUL confluent-kafka stores after
+    the metadata it commits (``commit_directly``; the consumer commits its maps exactly).
     """
+    reader = CommittedReader({k: config[k] for k in ("bootstrap.servers", "group.id")})
+    try:
+        exact = reader.read([(topic, p) for p in partitions], timeout=15)
+    finally:
+        reader.close()
+    if exact is not None:
+        answer = {p: exact.get((topic, p), (OFFSET_INVALID, None)) for p in partitions}
+        return {
+            p: (offset, (metadata or "").removesuffix("\x00"))
+            for p, (offset, metadata) in answer.items()
+        }
+    # (a test that made the exact reader unavailable: the map as read_committed_metadata cuts it)
     consumer = Consumer(
         {
             "bootstrap.servers": config["bootstrap.servers"],
@@ -200,10 +217,10 @@ def committed(
         }
     )
     try:
-        answer = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=15)
+        found = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=15)
     finally:
         consumer.close()
-    return {tp.partition: (tp.offset, tp.metadata or "") for tp in answer}
+    return {tp.partition: (tp.offset, read_committed_metadata(tp) or "") for tp in found}
 
 
 def commit_directly(

@@ -18,8 +18,9 @@ import pytest
 from engine_support import Engines, Recorder, commit_directly, committed, wait_until
 
 from parallel_consumer import Options, PollContext
-from parallel_consumer.kafka import committed_reader as _committed
-from parallel_consumer.kafka.committed_reader import CommittedReader, ExactReaderUnavailable
+from parallel_consumer.kafka import librdkafka
+from parallel_consumer.kafka.committed_reader import CommittedReader
+from parallel_consumer.kafka.librdkafka import Unavailable
 from parallel_consumer.offsets import OffsetEncoding, decode_offset_map, encode_offset_map
 from parallel_consumer.testing import produce_records
 from parallel_consumer.testing.pytest_plugin import KafkaBroker, TopicFactory
@@ -46,9 +47,9 @@ def commit_without_nul(
 ) -> None:
     """Commit partition -> (offset, metadata) with exactly these metadata bytes, as the Java
     client commits them (confluent-kafka cannot: it always appends a NUL)."""
-    lib = _committed._load()
+    lib = librdkafka.load()
     commit = lib.cdll.rd_kafka_commit
-    commit.argtypes = [ctypes.c_void_p, _committed._ListPointer, ctypes.c_int]
+    commit.argtypes = [ctypes.c_void_p, librdkafka.ListPointer, ctypes.c_int]
     commit.restype = ctypes.c_int
     writer = CommittedReader(config)
     plist = lib.list_new(len(offsets))
@@ -159,10 +160,10 @@ def test_a_consumer_restores_a_java_style_run_length_map(
     if not exact_reader:
         # ... and, in the fallback case, no librdkafka the reader can use
 
-        def unavailable() -> _committed._Library:
-            raise ExactReaderUnavailable("no librdkafka in this test")
+        def unavailable() -> librdkafka.Library:
+            raise Unavailable("no librdkafka in this test")
 
-        monkeypatch.setattr(_committed, "_load", unavailable)
+        monkeypatch.setattr(librdkafka, "load", unavailable)
     recorder = Recorder()
 
     def handle(ctx: PollContext) -> None:

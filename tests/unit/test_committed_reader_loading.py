@@ -12,29 +12,30 @@ import logging
 import confluent_kafka
 import pytest
 
-from parallel_consumer.kafka import committed_reader as _committed
-from parallel_consumer.kafka.committed_reader import CommittedReader, ExactReaderUnavailable
+from parallel_consumer.kafka import librdkafka
+from parallel_consumer.kafka.committed_reader import CommittedReader, librdkafka_settings
+from parallel_consumer.kafka.librdkafka import Unavailable
 
 
 @pytest.fixture
 def fresh_loader(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test loads the library itself, and leaves the process-wide cache as it found it."""
-    monkeypatch.setattr(_committed, "_loaded", None)
+    monkeypatch.setattr(librdkafka, "_loaded", None)
 
 
 def first_candidate() -> str:
-    return next(_committed._candidates())
+    return next(librdkafka.candidates())
 
 
 def test_confluent_kafkas_librdkafka_is_found_and_passes_the_layout_probe(
     fresh_loader: None,
 ) -> None:
     # confluent-kafka's extension module: dlsym on it finds the librdkafka it links
-    lib = _committed._load()
+    lib = librdkafka.load()
 
     assert lib.version == confluent_kafka.libversion()[1]
-    assert _committed.VERIFIED_FROM <= lib.version < _committed.VERIFIED_BELOW
-    assert ctypes.sizeof(_committed._Partition) == 8 * ctypes.sizeof(ctypes.c_void_p)
+    assert librdkafka.VERIFIED_FROM <= lib.version < librdkafka.VERIFIED_BELOW
+    assert ctypes.sizeof(librdkafka.Partition) == 8 * ctypes.sizeof(ctypes.c_void_p)
 
 
 def test_a_librdkafka_version_outside_the_verified_range_is_refused(
@@ -42,11 +43,11 @@ def test_a_librdkafka_version_outside_the_verified_range_is_refused(
 ) -> None:
     # Given a verified range that ends below the installed version
     installed = confluent_kafka.libversion()[1]
-    monkeypatch.setattr(_committed, "VERIFIED_BELOW", installed & ~0xFFFF)
+    monkeypatch.setattr(librdkafka, "VERIFIED_BELOW", installed & ~0xFFFF)
 
     # When the library is loaded, Then it is refused, saying which version
-    with pytest.raises(ExactReaderUnavailable, match="outside the versions") as refused:
-        _committed._load()
+    with pytest.raises(Unavailable, match="outside the versions") as refused:
+        librdkafka.load()
     assert confluent_kafka.libversion()[0].split("-")[0] in str(refused.value)
 
 
@@ -74,20 +75,20 @@ class _ShiftedList(ctypes.Structure):
 
 def test_a_library_whose_struct_layout_differs_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     # Given structures that do not match the loaded library's
-    monkeypatch.setattr(_committed, "_Partition", _ShiftedPartition)
-    monkeypatch.setattr(_committed, "_PartitionPointer", ctypes.POINTER(_ShiftedPartition))
-    monkeypatch.setattr(_committed, "_ListPointer", ctypes.POINTER(_ShiftedList))
+    monkeypatch.setattr(librdkafka, "Partition", _ShiftedPartition)
+    monkeypatch.setattr(librdkafka, "PartitionPointer", ctypes.POINTER(_ShiftedPartition))
+    monkeypatch.setattr(librdkafka, "ListPointer", ctypes.POINTER(_ShiftedList))
 
     # When the library is probed, Then it is refused for its layout
-    with pytest.raises(ExactReaderUnavailable, match="element size"):
-        _committed._Library(ctypes.CDLL(first_candidate()))
+    with pytest.raises(Unavailable, match="element size"):
+        librdkafka.Library(ctypes.CDLL(first_candidate()))
 
 
 def test_when_the_library_cannot_be_loaded_read_answers_none_and_logs_why_once(
     fresh_loader: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Given no loadable librdkafka
-    monkeypatch.setattr(_committed, "_candidates", lambda: iter(["/nonexistent/librdkafka.so"]))
+    monkeypatch.setattr(librdkafka, "candidates", lambda: iter(["/nonexistent/librdkafka.so"]))
     reader = CommittedReader({"bootstrap.servers": "127.0.0.1:1", "group.id": "g"})
 
     # When it is asked twice
@@ -142,7 +143,7 @@ def test_an_unreachable_broker_fails_one_read_not_the_reader(
 
 
 def test_settings_are_passed_on_as_confluent_kafka_passes_them() -> None:
-    settings = _committed.librdkafka_settings(
+    settings = librdkafka_settings(
         {
             "bootstrap.servers": "b:9092",
             "group.id": "g",

@@ -26,6 +26,7 @@ import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.HashSet;
 import java.util.List;
+import java.util.Optional;
 import java.util.Map;
 import java.util.Properties;
 import java.util.Set;
@@ -39,10 +40,12 @@ import java.util.stream.Collectors;
  * <pre>
  * HandOverRunner --bootstrap HOST:PORT --topic T --group G --out OUT.json
  *                [--ordering KEY|UNORDERED|PARTITION] [--fail FILE] [--timeout SECONDS]
+ *                [--force-codec ENCODING]
  *                (--until-succeeded N | --until-committed-end)
  * </pre>
  *
- * The handler throws for every record listed in FAIL (lines "partition offset"), so those stay
+ * With --force-codec, every map the processor commits is in that OffsetEncoding (BitSet,
+ * RunLengthV2Compressed, ...). The handler throws for every record listed in FAIL (lines "partition offset"), so those stay
  * unfinished (retried after 10 minutes, i.e. never during a run); every other record succeeds.
  * The runner closes the processor (which commits the offset and the offset map) once N records
  * have succeeded, or once the group's committed offsets reached the end of every partition with
@@ -64,6 +67,13 @@ public final class HandOverRunner {
                 : Set.of();
         long untilSucceeded = Long.parseLong(options.getOrDefault("until-succeeded", "-1"));
         boolean untilCommittedEnd = options.containsKey("until-committed-end");
+        if (options.containsKey("force-codec")) {
+            // The Java library's own test knobs: commit every map in this encoding (compressed
+            // forms exist only when compression runs for every map).
+            OffsetEncoding forced = OffsetEncoding.valueOf(options.get("force-codec"));
+            OffsetMapCodecManager.forcedCodec = Optional.of(forced);
+            OffsetSimultaneousEncoder.compressionForced = forced.name().endsWith("Compressed");
+        }
         long deadline = System.nanoTime()
                 + Duration.ofSeconds(Long.parseLong(options.getOrDefault("timeout", "60"))).toNanos();
 
