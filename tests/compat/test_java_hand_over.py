@@ -462,6 +462,9 @@ def java_name(encoding: OffsetEncoding) -> str:
     return "".join(part.capitalize() for part in encoding.name.split("_"))
 
 
+# (stress: 8 more Java runs, ~10 s each; the Java -> Python cases above already cover the
+# BitSet, compressed and RunLength maps in CI)
+@pytest.mark.stress
 @pytest.mark.parametrize(
     "encoding", [pytest.param(e, id=e.name.lower()) for e in OffsetEncoding if e.decodable]
 )
