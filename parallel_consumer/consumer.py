@@ -35,6 +35,7 @@ from parallel_consumer.kafka.committers import Committer, ConsumerCommitter, Tra
 from parallel_consumer.kafka.dead_letter_topics import dead_letter_topics, prepare_topics
 from parallel_consumer.kafka.poller import Poller, RebalanceCallback
 from parallel_consumer.kafka.producer import Outputs
+from parallel_consumer.kafka.spill_store import spill_store_for
 from parallel_consumer.options import Options, RunnerKind
 from parallel_consumer.produce import ProduceResult
 from parallel_consumer.runners.base import Runner, check_signature
@@ -145,6 +146,14 @@ class ParallelConsumer:
                 limit=options.buffer_limit,
                 fetch_batch=options.fetch_batch_size,
                 name=self._name,
+                spill=spill_store_for(
+                    options,
+                    config,
+                    producer_factory=self._producer_factory,
+                    consumer_factory=consumer_factory or Consumer,
+                    admin_factory=self._admin_factory,
+                    name=self._name,
+                ),
             )
         except KafkaException as exc:
             raise ConfigurationError(f"invalid consumer_config: {exc}") from exc

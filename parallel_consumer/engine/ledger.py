@@ -73,7 +73,9 @@ class Ledger:
         self.shards = ShardMap(options.ordering)
         self.retries = RetryQueue()
         self.in_flight = InFlight()
-        self.commits = CommitTracker(options.max_metadata_bytes, options.commit_every)
+        self.commits = CommitTracker(
+            options.max_metadata_bytes, options.commit_every, spill=options.spill_offset_maps
+        )
         self.counters = Counters()
         #: Per partition since the start, across assignments: records processed, attempts
         #: failed (Statistics.partition_totals; metrics read them instead of a hook per call).

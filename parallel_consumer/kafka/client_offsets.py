@@ -10,21 +10,32 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from parallel_consumer._events import Commit
+from parallel_consumer._events import Assignment, Commit
 from parallel_consumer.kafka.assigned import AssignedPartitions
 from parallel_consumer.kafka.commit_requests import CommitRequests, Decision, Reply, Request
 from parallel_consumer.kafka.committed_reader import CommittedReader
+from parallel_consumer.kafka.spill_store import SpillFailed, SpillStore
 from parallel_consumer.offsets import read_committed_metadata
 from parallel_consumer.work.commit_tracker import CommitAnswer, OffsetCommit
 from parallel_consumer.work.item import TopicPartition
 
-__all__ = ["CommitClient", "answer", "commit_sync", "failed", "kafka_offset", "read_committed"]
+__all__ = [
+    "CommitClient",
+    "answer",
+    "assignment",
+    "commit_sync",
+    "failed",
+    "kafka_offset",
+    "read_committed",
+    "spill_failed",
+    "spill_references",
+]
 
 log = logging.getLogger("parallel_consumer")
 
@@ -45,11 +56,13 @@ _PERMANENT_COMMIT_ERRORS = {
 }
 
 
-def kafka_offset(commit: OffsetCommit) -> Any:
-    """The client's form of one offset to commit."""
+def kafka_offset(commit: OffsetCommit, references: Mapping[TopicPartition, str] = {}) -> Any:
+    """The client's form of one offset to commit: its map, or the reference to its map in the
+    side topic (``references``, for ``spill`` commits)."""
     tp = commit.tp
-    if commit.metadata:
-        return KafkaTopicPartition(tp[0], tp[1], commit.offset, commit.metadata)
+    metadata = references.get(tp, "") if commit.spill else commit.metadata
+    if metadata:
+        return KafkaTopicPartition(tp[0], tp[1], commit.offset, metadata)
     # No map: send no metadata at all (an empty string would be stored as a lone NUL byte).
     return KafkaTopicPartition(tp[0], tp[1], commit.offset)
 
@@ -65,16 +78,27 @@ def answer(commit: OffsetCommit, error: Any) -> CommitAnswer:
     return CommitAnswer(commit, str(error))
 
 
+def spill_failed(commits: Sequence[OffsetCommit], exc: SpillFailed) -> tuple[CommitAnswer, ...]:
+    """The answers for ``commits`` whose side records could not be written."""
+    return tuple(CommitAnswer(c, str(exc), permanent=exc.permanent) for c in commits)
+
+
 def failed(commits: Sequence[OffsetCommit], exc: KafkaException) -> tuple[CommitAnswer, ...]:
     """The answers for ``commits`` whose request raised ``exc``."""
     error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else exc
     return tuple(answer(c, error) for c in commits)
 
 
-def commit_sync(consumer: Any, commits: Sequence[OffsetCommit]) -> tuple[CommitAnswer, ...]:
+def commit_sync(
+    consumer: Any,
+    commits: Sequence[OffsetCommit],
+    references: Mapping[TopicPartition, str] = {},
+) -> tuple[CommitAnswer, ...]:
     """Commit ``commits`` and wait for the answer."""
     try:
-        stored = consumer.commit(offsets=[kafka_offset(c) for c in commits], asynchronous=False)
+        stored = consumer.commit(
+            offsets=[kafka_offset(c, references) for c in commits], asynchronous=False
+        )
     except KafkaException as exc:
         log.warning("commit failed: %s", exc)
         return failed(commits, exc)
@@ -87,10 +111,14 @@ class CommitClient:
     sent, the client's ``on_commit`` answers matched to them, replies set. Owned by the poller
     thread (the client serves its callbacks inside ``consume()``)."""
 
-    def __init__(self, client: Any, assigned: AssignedPartitions) -> None:
+    def __init__(
+        self, client: Any, assigned: AssignedPartitions, spill: SpillStore | None = None
+    ) -> None:
         self.requests = CommitRequests()
         self._client = client
         self._assigned = assigned
+        #: Where maps over the metadata limit go (None: the planner never spills).
+        self._spill = spill
 
     def commit(self, command: Commit, revoking: frozenset[TopicPartition]) -> None:
         """A Commit command arrived; ``revoking``: the partitions being revoked right now."""
@@ -134,15 +162,53 @@ class CommitClient:
         """Synchronously if the request says so (answered at once), else asynchronously
         (answered by ``on_commit``)."""
         live = request.offsets
+        try:
+            references = spill_references(self._spill, live)
+        except SpillFailed as exc:
+            log.warning("commit failed: %s", exc)
+            _reply(request.answer(spill_failed(live, exc)))
+            return
         if request.sync:
-            _reply(request.answer(commit_sync(self._client, live)))
+            _reply(request.answer(commit_sync(self._client, live, references)))
             return
         try:
-            self._client.commit(offsets=[kafka_offset(c) for c in live], asynchronous=True)
+            self._client.commit(
+                offsets=[kafka_offset(c, references) for c in live], asynchronous=True
+            )
         except KafkaException as exc:
             _reply(request.answer(failed(live, exc)))
             return
         self.requests.on_its_way(request, time.monotonic())
+
+
+def spill_references(
+    spill: SpillStore | None, commits: Sequence[OffsetCommit], producer: Any = None
+) -> dict[TopicPartition, str]:
+    """The references of the ``spill`` commits among ``commits`` (their side records written
+    first); raises SpillFailed, also when a map must spill and there is no side topic."""
+    if spill is None:
+        if any(c.spill for c in commits):
+            raise SpillFailed("an offset map must spill but no side topic is set", permanent=True)
+        return {}
+    return spill.references(commits, producer)
+
+
+def assignment(
+    spill: SpillStore | None,
+    tp: TopicPartition,
+    epoch: int,
+    committed: tuple[int, str | None] | None,
+    *,
+    exact: bool = False,
+) -> Assignment:
+    """The assignment of ``tp`` from what it read as committed: a reference to a spilled map
+    is replaced by the map itself (exact), fetched from the side topic."""
+    offset, metadata = committed if committed is not None else (None, None)
+    if spill is not None and offset is not None and metadata:
+        found = spill.resolve(tp, offset, metadata)
+        if found is not None:
+            metadata, exact = found, True
+    return Assignment(tp, epoch, offset, metadata, exact_metadata=exact)
 
 
 def _reply(replies: Iterable[Reply]) -> None:

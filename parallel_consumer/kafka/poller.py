@@ -34,7 +34,6 @@ from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from parallel_consumer._events import (
-    Assignment,
     Commit,
     ControllerEvent,
     PartitionsAssigned,
@@ -57,6 +56,7 @@ from parallel_consumer.kafka.client_offsets import CommitClient
 from parallel_consumer.kafka.client_pauses import ClientPauses
 from parallel_consumer.kafka.committed_reader import CommittedReader
 from parallel_consumer.kafka.producer import Outputs
+from parallel_consumer.kafka.spill_store import SpillStore
 from parallel_consumer.kafka.topic_check import MissingTopics
 from parallel_consumer.kafka.transactions import Transactions
 from parallel_consumer.status import PollerStatistics
@@ -112,6 +112,7 @@ class Poller:
         limit: int,
         fetch_batch: int,
         name: str = "pc",
+        spill: SpillStore | None = None,
     ) -> None:
         #: Epochs and what was handed over per partition; records held back beyond the credit.
         self._assigned = AssignedPartitions()
@@ -123,7 +124,9 @@ class Poller:
             self._client_log.configure({**config, "on_commit": self._on_commit})
         )
         #: One commit request at a time, decided and carried out on the client.
-        self._commits = CommitClient(self._consumer, self._assigned)
+        #: The side topic of offset maps over the metadata limit (None: they never spill).
+        self._spill = spill
+        self._commits = CommitClient(self._consumer, self._assigned, spill)
         #: Reads committed metadata with its exact length (``kafka/committed_reader.py``),
         #: through a handle of its own made from the same configuration: only for a real client.
         self._exact_reader = (
@@ -175,7 +178,12 @@ class Poller:
     def run_transactions(self, outputs: Outputs) -> None:
         """Run the transactions of ``outputs`` (before :meth:`start`)."""
         self._transactions = Transactions(
-            outputs, self._consumer, self._assigned, self._post, request_timeout=REQUEST_TIMEOUT
+            outputs,
+            self._consumer,
+            self._assigned,
+            self._post,
+            request_timeout=REQUEST_TIMEOUT,
+            spill=self._spill,
         )
 
     def start(self) -> None:
@@ -295,6 +303,11 @@ class Poller:
                 log.warning("closing the Kafka consumer failed", exc_info=True)
             if self._exact_reader is not None:
                 self._exact_reader.close()
+            if self._spill is not None:
+                try:
+                    self._spill.close()
+                except Exception:
+                    log.warning("closing the offset map clients failed", exc_info=True)
 
     def _wait_for_credit(self) -> bool:
         """Too little credit: wait for the controller to return some, without touching the client,
@@ -417,8 +430,9 @@ class Poller:
         epoch = self._assigned.assign(tps)
         assignments = []
         for tp in tps:
-            offset, metadata = committed.get(tp, (None, None))
-            assignments.append(Assignment(tp, epoch, offset, metadata, exact_metadata=exact))
+            found = committed.get(tp)
+            assignment = client_offsets.assignment(self._spill, tp, epoch, found, exact=exact)
+            assignments.append(assignment)
         log.info("assigned %s", _names(partitions))
         self._post(PartitionsAssigned(tuple(assignments)))
         self._call_user(self._user_on_assign, consumer, partitions)
@@ -428,6 +442,8 @@ class Poller:
         tps = tuple((p.topic, p.partition) for p in partitions)
         self._resume_leaving(tps)
         self._assigned.forget(tps)
+        if self._spill is not None:
+            self._spill.forget(tps)
         return tps
 
     def _resume_leaving(self, tps: tuple[TopicPartition, ...]) -> None:
