@@ -1,0 +1,199 @@
+"""A poison record no longer throttles its partition: the offset map that grows behind it spills
+to the side topic, and a SIGKILLed consumer's successor runs only what was left unfinished.
+
+In KEY order one record fails for ever (retried every 50 ms) while thousands of later records of
+its key wait behind it, at random offsets among many others: the map of those holes cannot fit
+4 KB in any encoding. The other records must all finish (a throttled partition would stop), the
+commit must reference the side record with exactly the unfinished offsets, ``pc offsets`` must
+decode it, and after a SIGKILL the next consumer must call nothing but the poison record.
+The 1,000,000-record version is marked ``stress``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient
+from engine_support import committed, wait_until
+
+from parallel_consumer.cli.main import main
+from parallel_consumer.kafka.spill_store import SpillStore
+from parallel_consumer.offsets import decode_offset_map
+from parallel_consumer.offsets.spill import default_spill_topic, parse_reference
+from parallel_consumer.testing import produce_records
+from parallel_consumer.testing.pytest_plugin import KafkaBroker, TopicFactory
+
+pytestmark = [pytest.mark.kafka, pytest.mark.kafka_requires("commit_metadata")]
+
+WORKER = Path(__file__).resolve().parent.parent / "spill_worker.py"
+POISON = 100
+
+
+def _keys(records: int, later: int, seed: int) -> tuple[list[str], set[int]]:
+    """Keys of ``records`` records: the poison record's key at POISON and at ``later`` random
+    offsets after it, 500 other keys everywhere else. Returns the keys and those offsets."""
+    rnd = random.Random(seed)
+    keys = [f"k{rnd.randrange(500)}" for _ in range(records)]
+    held = {POISON, *rnd.sample(range(POISON + 1, records), later)}
+    for offset in held:
+        keys[offset] = "poison"
+    return keys, held
+
+
+def _lines(log: Path, kind: bytes) -> list[int]:
+    if not log.exists():
+        return []
+    return [int(line.split()[1]) for line in log.read_bytes().splitlines() if line[:1] == kind]
+
+
+def _start(bootstrap: str, topic: str, group: str, log: Path) -> subprocess.Popen[bytes]:
+    with open(log.with_suffix(".stderr"), "wb") as stderr:  # the child keeps its own copy
+        return subprocess.Popen(
+            [
+                sys.executable,
+                str(WORKER),
+                f"--bootstrap={bootstrap}",
+                f"--topic={topic}",
+                f"--group={group}",
+                f"--poison={POISON}",
+                f"--log={log}",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=stderr,
+            stderr=stderr,
+            start_new_session=True,
+        )
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGKILL)
+    process.wait(10)
+
+
+def _committed_map(config: dict[str, Any], topic: str) -> tuple[int, str, set[int], int] | None:
+    """(committed offset, metadata, unfinished offsets, highest seen) read as a new owner would:
+    a reference resolved through the side topic."""
+    offset, metadata = committed(config, topic, [0])[0]
+    if offset < 0 or parse_reference(metadata) is None:
+        return None
+    store = SpillStore(
+        config,
+        group=config["group.id"],
+        topic=default_spill_topic(config["group.id"]),
+        producer_factory=Producer,
+        consumer_factory=Consumer,
+        admin_factory=AdminClient,
+    )
+    try:
+        found = store.resolve((topic, 0), offset, metadata)
+    finally:
+        store.close()
+    assert found is not None
+    decoded = decode_offset_map(offset, found, exact=True)
+    return offset, metadata, set(decoded.incomplete), decoded.highest_seen
+
+
+def _run(
+    kafka: KafkaBroker,
+    topic: TopicFactory,
+    config: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    *,
+    records: int,
+    later: int,
+) -> None:
+    # Given one partition of records, the poison record's key at POISON and at `later` random
+    # offsets after it, and a KEY-order consumer whose handler fails the poison record for ever
+    name = topic(1)
+    keys, held = _keys(records, later, seed=records)
+    produce_records(kafka.bootstrap_servers, name, records, keys=keys, partitions=[0])
+    group = config["group.id"]
+    first_log = tmp_path / "first.log"
+    first = _start(kafka.bootstrap_servers, name, group, first_log)
+    try:
+        # When it runs: every other record finishes (the partition is never throttled) ...
+        others = records - len(held)
+        wait_until(
+            lambda: len(_lines(first_log, b"H")) >= others,
+            timeout=60 + records / 1000,
+            what=f"{others} records finished beside the poison record",
+        )
+
+        # ... and its commit references a spilled map of exactly the records left unfinished
+        def exact_commit() -> bool:
+            found = _committed_map(config, name)
+            return found is not None and found[2] == held and found[3] == records - 1
+
+        wait_until(exact_commit, timeout=30, what="a commit of the spilled map of every hole")
+        # When it is SIGKILLed
+    finally:
+        _kill(first)
+    stderr = first_log.with_suffix(".stderr").read_text()
+    assert "TOO_LARGE" not in stderr
+    assert "only records below offset" not in stderr
+    assert set(_lines(first_log, b"H")) == set(range(records)) - held
+    found = _committed_map(config, name)
+    assert found is not None
+    offset, reference, _, _ = found
+    assert offset == POISON
+    assert len(reference) < 300
+
+    # Then `pc offsets` decodes the spilled map and says where it lives
+    code = main(["offsets", f"--bootstrap={kafka.bootstrap_servers}", f"--group={group}", "--json"])
+    [row] = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert code == 0
+    assert row["committed_offset"] == POISON
+    assert row["incomplete_count"] == len(held)
+    assert row["spilled_to"].startswith(f"{default_spill_topic(group)}[0]@")
+    # (confluent-kafka stores a NUL after every metadata string it commits: one more byte)
+    assert len(reference) <= row["metadata_bytes"] <= len(reference) + 1
+    assert row["map_bytes"] > 4096
+
+    # When a new consumer of the group starts
+    second_log = tmp_path / "second.log"
+    second = _start(kafka.bootstrap_servers, name, group, second_log)
+    try:
+        wait_until(
+            lambda: _lines(second_log, b"C").count(POISON) >= 5,
+            timeout=60,
+            what="the poison record retried by the new consumer",
+        )
+        time.sleep(1.0)  # room for anything else it would (wrongly) run
+    finally:
+        _kill(second)
+    # Then it called the poison record and nothing else: no finished record ran again
+    assert set(_lines(second_log, b"C")) == {POISON}
+    assert "replaying everything" not in second_log.with_suffix(".stderr").read_text()
+
+
+@pytest.mark.timeout(240)
+def test_a_poison_record_with_thousands_of_holes_behind_it_spills_and_restarts_exactly(
+    kafka: KafkaBroker,
+    topic: TopicFactory,
+    consumer_config: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    _run(kafka, topic, consumer_config, capsys, tmp_path, records=50_000, later=7_000)
+
+
+@pytest.mark.stress
+@pytest.mark.timeout(1800)
+def test_a_poison_record_among_a_million_records_spills_and_restarts_exactly(
+    kafka: KafkaBroker,
+    topic: TopicFactory,
+    consumer_config: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    _run(kafka, topic, consumer_config, capsys, tmp_path, records=1_000_000, later=5_000)
