@@ -137,6 +137,8 @@ class SpillStore:
         self._producer: Any = None
         self._reader: Any = None
         self._topic_ready = False
+        #: Side topics the reader found to exist.
+        self._readable: set[str] = set()
         #: Per partition: the (committed offset, map) last written and its reference.
         self._written: dict[TopicPartition, tuple[int, str, str]] = {}
         #: Partitions whose key may hold a map in the side topic (to tombstone once inline).
@@ -306,6 +308,12 @@ class SpillStore:
     def _fetch(self, ref: SpillReference) -> tuple[bytes | None, bytes | None]:
         """The key and value of the record at ``ref`` (read committed)."""
         reader = self._own_reader()
+        if ref.topic not in self._readable:
+            # A deleted side topic answers at once here, rather than after READ_TIMEOUT below.
+            found = reader.list_topics(ref.topic, timeout=READ_TIMEOUT).topics.get(ref.topic)
+            if found is None or found.error is not None or ref.partition not in found.partitions:
+                raise OffsetDecodeError(f"{ref}: the side topic or partition does not exist")
+            self._readable.add(ref.topic)
         reader.assign([KafkaTopicPartition(ref.topic, ref.partition, ref.offset)])
         try:
             deadline = time.monotonic() + READ_TIMEOUT

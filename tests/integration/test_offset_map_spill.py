@@ -12,6 +12,7 @@ The 1,000,000-record version is marked ``stress``.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import signal
 import subprocess
@@ -23,13 +24,21 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
-from engine_support import committed, wait_until
+from engine_support import commit_directly, committed, wait_until
 
+from parallel_consumer import Options, ParallelConsumer
 from parallel_consumer.cli.main import main
 from parallel_consumer.kafka.spill_store import SpillStore
 from parallel_consumer.offsets import decode_offset_map
-from parallel_consumer.offsets.spill import default_spill_topic, parse_reference
-from parallel_consumer.testing import produce_records
+from parallel_consumer.offsets.spill import (
+    SpillReference,
+    default_spill_topic,
+    format_reference,
+    parse_reference,
+    side_key,
+    side_value,
+)
+from parallel_consumer.testing import create_topic, produce_records
 from parallel_consumer.testing.pytest_plugin import KafkaBroker, TopicFactory
 
 pytestmark = [pytest.mark.kafka, pytest.mark.kafka_requires("commit_metadata")]
@@ -197,3 +206,49 @@ def test_a_poison_record_among_a_million_records_spills_and_restarts_exactly(
     tmp_path: Path,
 ) -> None:
     _run(kafka, topic, consumer_config, capsys, tmp_path, records=1_000_000, later=5_000)
+
+
+@pytest.mark.parametrize("case", ["deleted", "stale"])
+def test_a_reference_whose_map_cannot_be_had_replays_from_the_committed_offset(
+    kafka: KafkaBroker,
+    topic: TopicFactory,
+    consumer_config: dict[str, Any],
+    caplog: pytest.LogCaptureFixture,
+    case: str,
+) -> None:
+    # Given a group whose commit at offset 5 references a side record that is gone (the side
+    # topic was never there) or is another version of the map (its checksum differs)
+    name = topic(1)
+    produce_records(kafka.bootstrap_servers, name, 20, partitions=[0])
+    group = consumer_config["group.id"]
+    side = default_spill_topic(group)
+    side_offset = 0
+    if case == "stale":
+        # a record of the right key, but not the map the reference was written for
+        create_topic(kafka.bootstrap_servers, side, partitions=1)
+        produce_records(
+            kafka.bootstrap_servers,
+            side,
+            1,
+            keys=[side_key(group, name, 0)],
+            values=[side_value(5, "bGw=")],
+        )
+    reference = format_reference(SpillReference(side, 0, side_offset, 0x1234ABCD))
+    commit_directly(consumer_config, name, {0: (5, reference)})
+    seen: list[int] = []
+
+    # When a consumer of the group starts
+    with caplog.at_level(logging.WARNING, logger="parallel_consumer"):
+        pc = ParallelConsumer(dict(consumer_config), Options(commit_interval=0.2))
+        try:
+            pc.subscribe(name)
+            pc.poll(lambda ctx: seen.append(ctx.offset))
+            wait_until(lambda: len(seen) >= 15, timeout=30, what="the records from offset 5")
+        finally:
+            pc.close()
+
+    # Then it replays everything from the committed offset (duplicates, never a loss), and a
+    # WARNING names the partition
+    assert sorted(seen) == list(range(5, 20))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(f"{name}[0]" in w and "replaying everything from that offset" in w for w in warnings)
