@@ -18,9 +18,15 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from parallel_consumer._events import Assignment, Commit
 from parallel_consumer.kafka.assigned import AssignedPartitions
-from parallel_consumer.kafka.commit_requests import CommitRequests, Decision, Reply, Request
+from parallel_consumer.kafka.commit_requests import (
+    CommitRequests,
+    Decision,
+    Reply,
+    Request,
+    split_live,
+)
 from parallel_consumer.kafka.committed_reader import CommittedReader
-from parallel_consumer.kafka.spill_store import SpillFailed, SpillStore
+from parallel_consumer.kafka.spill_store import SideWrite, SpillFailed, SpillStore
 from parallel_consumer.offsets import read_committed_metadata
 from parallel_consumer.work.commit_tracker import CommitAnswer, OffsetCommit
 from parallel_consumer.work.item import TopicPartition
@@ -119,6 +125,9 @@ class CommitClient:
         self._assigned = assigned
         #: Where maps over the metadata limit go (None: the planner never spills).
         self._spill = spill
+        #: An asynchronous request whose side records are on their way: it goes to the client
+        #: once they are acknowledged (the poller fetches meanwhile).
+        self._side: tuple[Request, SideWrite] | None = None
 
     def commit(self, command: Commit, revoking: frozenset[TopicPartition]) -> None:
         """A Commit command arrived; ``revoking``: the partitions being revoked right now."""
@@ -126,6 +135,7 @@ class CommitClient:
 
     def turn(self, now: float, answer_timeout: float) -> None:
         """Send what waited, once the request before it is answered or given up on."""
+        self._side_turn()
         decision = self.requests.due(now, answer_timeout, self._assigned.epochs)
         if (gave_up := decision.gave_up) is not None:
             log.warning(
@@ -151,6 +161,7 @@ class CommitClient:
 
     def close(self, reason: str) -> None:
         """The client closes: every commit not answered yet failed with ``reason``."""
+        self._side = None
         _reply(self.requests.close(reason))
 
     def _carry_out(self, decision: Decision) -> None:
@@ -163,7 +174,17 @@ class CommitClient:
         (answered by ``on_commit``)."""
         live = request.offsets
         try:
-            references = spill_references(self._spill, live)
+            if request.sync or self._spill is None:
+                references = spill_references(self._spill, live)
+            else:
+                write = self._spill.start(live)
+                if write.pending:
+                    # Sent once they are acknowledged (_side_turn); commits that come meanwhile
+                    # wait behind it, as behind any request on its way.
+                    self.requests.on_its_way(request, time.monotonic())
+                    self._side = (request, write)
+                    return
+                references = write.refs
         except SpillFailed as exc:
             log.warning("commit failed: %s", exc)
             _reply(request.answer(spill_failed(live, exc)))
@@ -171,6 +192,41 @@ class CommitClient:
         if request.sync:
             _reply(request.answer(commit_sync(self._client, live, references)))
             return
+        self._send_async(request, references)
+
+    def _side_turn(self) -> None:
+        """Send the request waiting for its side records once they are acknowledged."""
+        if self._side is None:
+            return
+        request, write = self._side
+        if self.requests.unanswered is not request:
+            self._side = None  # given up on meanwhile (answered as failed): never sent
+            return
+        assert self._spill is not None
+        try:
+            references = self._spill.finish(write, block=False)
+        except SpillFailed as exc:
+            log.warning("commit failed: %s", exc)
+            self._side = None
+            self.requests.withdraw(request)
+            _reply(request.answer(spill_failed(request.offsets, exc)))
+            return
+        if references is None:
+            return
+        self._side = None
+        self.requests.withdraw(request)
+        # A partition revoked meanwhile had its final commit: an older offset must not follow.
+        _, dropped = split_live(request.offsets, self._assigned.epochs)
+        for gone in dropped:
+            del request.sent[gone.commit.tp]
+            request.dropped[gone.commit.tp] = gone
+        if not request.sent:
+            _reply(request.answer(()))
+            return
+        self._send_async(request, references)
+
+    def _send_async(self, request: Request, references: Mapping[TopicPartition, str]) -> None:
+        live = request.offsets
         try:
             self._client.commit(
                 offsets=[kafka_offset(c, references) for c in live], asynchronous=True

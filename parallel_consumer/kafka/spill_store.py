@@ -43,7 +43,7 @@ from parallel_consumer.options import Options
 from parallel_consumer.work.commit_tracker import OffsetCommit
 from parallel_consumer.work.item import TopicPartition
 
-__all__ = ["SpillFailed", "SpillStore", "side_client_config", "spill_store_for"]
+__all__ = ["SideWrite", "SpillFailed", "SpillStore", "side_client_config", "spill_store_for"]
 
 log = logging.getLogger("parallel_consumer")
 
@@ -110,6 +110,43 @@ def side_client_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k not in _CONSUMER_ONLY}
 
 
+class SideWrite:
+    """Side records on their way for one commit request (see :meth:`SpillStore.start`)."""
+
+    def __init__(self) -> None:
+        #: References known already (maps unchanged since their record).
+        self.refs: dict[TopicPartition, str] = {}
+        self.to_write: list[tuple[OffsetCommit, bytes]] = []
+        self.tombstones: list[TopicPartition] = []
+        self.producer: Any = None
+        #: Per record: None until its delivery report, then its offset or its error.
+        self.results: list[Any] = []
+        self.deadline = 0.0
+        # Delivery reports may be served on another thread (the transactional producer's).
+        self._lock = threading.Lock()
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.to_write or self.tombstones)
+
+    def report(self, index: int, error: Any, message: Any) -> None:
+        with self._lock:
+            self.results[index] = error if error is not None else message.offset()
+
+    def acknowledged(self) -> bool:
+        with self._lock:
+            return all(r is not None for r in self.results)
+
+    def offsets(self) -> list[int]:
+        """The offsets of the records written (raises SpillFailed if one failed)."""
+        with self._lock:
+            results = list(self.results)
+        for result in results:
+            if isinstance(result, KafkaError):
+                raise _failed(KafkaException(result))
+        return [int(r) for r in results[: len(self.to_write)]]
+
+
 class SpillStore:
     """The side topic ``topic`` of group ``group``'s offset maps; owned by the poller thread.
 
@@ -156,39 +193,86 @@ class SpillStore:
         side records that changed (and the tombstones of partitions back inline) and waiting for
         their acknowledgement. ``producer``: the transactional producer, whose open transaction
         the records join (None: the store's own). Raises :class:`SpillFailed`."""
-        out: dict[TopicPartition, str] = {}
-        to_write: list[tuple[OffsetCommit, bytes]] = []
-        tombstones: list[TopicPartition] = []
+        write = self.start(commits, producer)
+        refs = self.finish(write, block=True)
+        assert refs is not None
+        return refs
+
+    def start(self, commits: Sequence[OffsetCommit], producer: Any = None) -> SideWrite:
+        """Produce the side records (and tombstones) ``commits`` need, without waiting for
+        them: :meth:`finish` gives the references once they are acknowledged."""
+        write = SideWrite()
         for commit in commits:
             tp = commit.tp
             if not commit.spill:
                 if tp in self._keys:
-                    tombstones.append(tp)
+                    write.tombstones.append(tp)
                 continue
             last = self._written.get(tp)
             if last is not None and last[:2] == (commit.offset, commit.metadata):
-                out[tp] = last[2]  # unchanged since its record: no second record
+                write.refs[tp] = last[2]  # unchanged since its record: no second record
                 continue
-            to_write.append((commit, side_value(commit.offset, commit.metadata)))
-        if not to_write and not tombstones:
-            return out
+            write.to_write.append((commit, side_value(commit.offset, commit.metadata)))
+        if not write.pending:
+            return write
         self._ensure_topic()
         records: list[tuple[bytes, bytes | None]] = [
-            (side_key(self._group, *c.tp), value) for c, value in to_write
+            (side_key(self._group, *c.tp), value) for c, value in write.to_write
         ]
-        records += [(side_key(self._group, *tp), None) for tp in tombstones]
-        offsets = self._produce(producer or self._own_producer(), records)
-        for (commit, value), offset in zip(to_write, offsets, strict=False):
-            ref = format_reference(SpillReference(self.topic, 0, offset, checksum(value)))
-            self._written[commit.tp] = (commit.offset, commit.metadata, ref)
-            self._keys.add(commit.tp)
-            out[commit.tp] = ref
-        for tp in tombstones:
-            self._keys.discard(tp)
-            self._written.pop(tp, None)
-        self.records_written += len(to_write)
-        self.tombstones_written += len(tombstones)
-        return out
+        records += [(side_key(self._group, *tp), None) for tp in write.tombstones]
+        write.producer = producer or self._own_producer()
+        write.results = [None] * len(records)
+        write.deadline = time.monotonic() + SIDE_TIMEOUT
+        try:
+            for index, (key, value) in enumerate(records):
+                write.producer.produce(
+                    self.topic,
+                    value,
+                    key,
+                    partition=0,
+                    on_delivery=lambda e, m, i=index: write.report(i, e, m),
+                )
+            write.producer.poll(0)
+        except KafkaException as exc:
+            raise _failed(exc) from exc
+        except BufferError as exc:
+            raise SpillFailed(f"the offset map producer's queue is full: {exc}") from exc
+        return write
+
+    def finish(self, write: SideWrite, *, block: bool) -> dict[TopicPartition, str] | None:
+        """The references of ``write`` once its records are acknowledged; None while they are
+        not (``block``: wait for them, up to SIDE_TIMEOUT). Raises :class:`SpillFailed`."""
+        if write.pending:
+            producer = write.producer
+            try:
+                while not write.acknowledged():
+                    left = write.deadline - time.monotonic()
+                    if left <= 0:
+                        raise SpillFailed(
+                            f"no acknowledgement of the offset map records in {self.topic} "
+                            f"within {SIDE_TIMEOUT:.0f}s"
+                        )
+                    if not block:
+                        producer.poll(0)
+                        if not write.acknowledged():
+                            return None
+                        break
+                    producer.flush(min(1.0, left))
+            except KafkaException as exc:
+                raise _failed(exc) from exc
+            offsets = write.offsets()
+            for (commit, value), offset in zip(write.to_write, offsets, strict=False):
+                ref = format_reference(SpillReference(self.topic, 0, offset, checksum(value)))
+                self._written[commit.tp] = (commit.offset, commit.metadata, ref)
+                self._keys.add(commit.tp)
+                write.refs[commit.tp] = ref
+            for tp in write.tombstones:
+                self._keys.discard(tp)
+                self._written.pop(tp, None)
+            self.records_written += len(write.to_write)
+            self.tombstones_written += len(write.tombstones)
+            write.to_write, write.tombstones = [], []
+        return write.refs
 
     def forget(self, tps: Sequence[TopicPartition] | None = None) -> None:
         """Drop what was written for ``tps`` (revoked), or for every partition (a transaction
@@ -207,40 +291,6 @@ class SpillStore:
             said = _client_log(f"{self._name} offset-map producer", settings)
             self._producer = self._producer_factory(said.configure(settings))
         return self._producer
-
-    def _produce(self, producer: Any, records: list[tuple[bytes, bytes | None]]) -> list[int]:
-        """Produce ``records`` to partition 0 and wait for every acknowledgement; their offsets."""
-        results: list[Any] = [None] * len(records)
-        lock = threading.Lock()
-
-        def report(index: int, error: Any, message: Any) -> None:
-            with lock:
-                results[index] = error if error is not None else message.offset()
-
-        try:
-            for index, (key, value) in enumerate(records):
-                producer.produce(
-                    self.topic,
-                    value,
-                    key,
-                    partition=0,
-                    on_delivery=lambda e, m, i=index: report(i, e, m),
-                )
-            deadline = time.monotonic() + SIDE_TIMEOUT
-            while any(r is None for r in results) and time.monotonic() < deadline:
-                producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
-        except KafkaException as exc:
-            raise _failed(exc) from exc
-        except BufferError as exc:
-            raise SpillFailed(f"the offset map producer's queue is full: {exc}") from exc
-        offsets = []
-        for result in results:
-            if result is None:
-                raise SpillFailed(f"no acknowledgement of the offset map record in {self.topic}")
-            if isinstance(result, KafkaError):
-                raise _failed(KafkaException(result))
-            offsets.append(int(result))
-        return offsets
 
     def _ensure_topic(self) -> None:
         if self._topic_ready:

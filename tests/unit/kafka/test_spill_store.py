@@ -1,13 +1,21 @@
 """The side topic's writing side over the fake cluster: the topic is created on the first spill,
 a partition gets a side record only when its map changed, a tombstone once its map fits inline
-again, and a refused topic creation stops the consumer with a message that says what to do."""
+again, and a refused topic creation stops the consumer with a message that says what to do.
+An asynchronous commit goes to the client only once its side record is acknowledged, without the
+poller waiting for it, and never for a partition revoked meanwhile."""
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from parallel_consumer._events import Commit
+from parallel_consumer.kafka.assigned import AssignedPartitions
+from parallel_consumer.kafka.client_offsets import CommitClient
 from parallel_consumer.kafka.spill_store import SpillFailed, SpillStore
 from parallel_consumer.offsets.spill import (
     checksum,
@@ -122,3 +130,65 @@ def test_a_failed_side_write_fails_the_commit_for_now_and_is_written_again() -> 
     # The next commit writes it (nothing was remembered of the failed write)
     refs = store.references([_spill(101, "C" * 5000)])
     assert parse_reference(refs[TP]) is not None
+
+
+class _Client:
+    """The consumer's commit call, recorded."""
+
+    def __init__(self) -> None:
+        self.commits: list[list[tuple[str, int, int, str | None]]] = []
+
+    def commit(self, offsets: list[Any], asynchronous: bool) -> None:
+        assert asynchronous
+        self.commits.append([(o.topic, o.partition, o.offset, o.metadata) for o in offsets])
+
+
+def _async_client(cluster: FakeTopics) -> tuple[CommitClient, _Client, AssignedPartitions, Any]:
+    store, producers = _store(cluster)
+    store.references([_spill(1, "Z" * 5000)])  # the topic exists, the producer is made
+    assigned = AssignedPartitions()
+    assigned.assign([TP])
+    client = _Client()
+    producers[0].hold.set()  # delivery reports wait, as for a slow broker
+    return CommitClient(client, assigned, store), client, assigned, producers[0]
+
+
+def test_an_asynchronous_commit_waits_for_its_side_record_without_blocking_the_poller() -> None:
+    cluster = FakeTopics()
+    commits, client, assigned, producer = _async_client(cluster)
+    command = Commit((_spill_epoch(assigned, 100, "A" * 5000),), sync=False, reply=Future())
+    # When the commit is sent while the side record's acknowledgement has not come
+    commits.commit(command, frozenset())
+    commits.turn(time.monotonic(), 30.0)
+    # Then nothing reached the client yet, and the call did not wait for the broker
+    assert client.commits == []
+    # When the acknowledgement comes
+    producer.hold.clear()
+    commits.turn(time.monotonic(), 30.0)
+    # Then the commit carries the reference to it, and its answer settles the command
+    [[(topic, partition, offset, metadata)]] = client.commits
+    ref = parse_reference(metadata or "")
+    assert (topic, partition, offset) == (*TP, 100)
+    assert ref is not None
+    assert ref.offset == len(cluster.records(TOPIC)) - 1
+    commits.on_commit(None, [KafkaTopicPartition(*TP, 100)])
+    assert command.reply.result(0)[0].error is None
+
+
+def test_a_partition_revoked_while_its_side_record_is_on_its_way_is_never_committed() -> None:
+    cluster = FakeTopics()
+    commits, client, assigned, producer = _async_client(cluster)
+    command = Commit((_spill_epoch(assigned, 100, "A" * 5000),), sync=False, reply=Future())
+    commits.commit(command, frozenset())
+    # When the partition is revoked (its final commit went out) before the acknowledgement
+    assigned.forget((TP,))
+    producer.hold.clear()
+    commits.turn(time.monotonic(), 30.0)
+    # Then the older offset is not committed after the final one
+    assert client.commits == []
+    [answer] = command.reply.result(0)
+    assert answer.error is not None
+
+
+def _spill_epoch(assigned: AssignedPartitions, offset: int, metadata: str) -> OffsetCommit:
+    return OffsetCommit(TP, assigned.epochs[TP], offset, metadata, spill=True)
