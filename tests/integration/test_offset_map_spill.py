@@ -23,10 +23,11 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient
-from engine_support import commit_directly, committed, wait_until
+from engine_support import commit_directly, committed, end_offsets, wait_until
 
-from parallel_consumer import Options, ParallelConsumer
+from parallel_consumer import CommitMode, Options, ParallelConsumer, PollContext
 from parallel_consumer.cli.main import main
 from parallel_consumer.kafka.spill_store import SpillStore
 from parallel_consumer.offsets import decode_offset_map
@@ -86,6 +87,32 @@ def _start(bootstrap: str, topic: str, group: str, log: Path) -> subprocess.Pope
 def _kill(process: subprocess.Popen[bytes]) -> None:
     process.send_signal(signal.SIGKILL)
     process.wait(10)
+
+
+def _count_records(bootstrap: str, topic: str) -> int:
+    """Records (not transaction markers) in partition 0 of ``topic``, read committed."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "pc-side-reader-unused",
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
+    count = 0
+    try:
+        consumer.assign([KafkaTopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error() is not None:
+                break  # (the end of the partition)
+            count += 1
+    finally:
+        consumer.close()
+    return count
 
 
 def _committed_map(config: dict[str, Any], topic: str) -> tuple[int, str, set[int], int] | None:
@@ -252,3 +279,67 @@ def test_a_reference_whose_map_cannot_be_had_replays_from_the_committed_offset(
     assert sorted(seen) == list(range(5, 20))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(f"{name}[0]" in w and "replaying everything from that offset" in w for w in warnings)
+
+
+@pytest.mark.kafka_requires("transactions")
+def test_in_the_transactional_mode_the_side_record_commits_with_the_transaction(
+    kafka: KafkaBroker, topic: TopicFactory, consumer_config: dict[str, Any]
+) -> None:
+    # Given 2,000 records, the poison record's key at POISON and at 300 later offsets, and a
+    # transactional consumer whose maps spill from 64 bytes on (a small limit: a small test)
+    name = topic(1)
+    records = 2_000
+    keys, held = _keys(records, 300, seed=7)
+    produce_records(kafka.bootstrap_servers, name, records, keys=keys, partitions=[0])
+    group = consumer_config["group.id"]
+    options = Options(
+        ordering="key",
+        commit_mode=CommitMode.PERIODIC_TRANSACTIONAL_PRODUCER,
+        retry_delay=0.05,
+        max_metadata_bytes=64,
+        stall_threshold=None,
+    )
+
+    def start(calls: list[int]) -> ParallelConsumer:
+        def handle(ctx: PollContext) -> None:
+            calls.append(ctx.offset)
+            if ctx.offset == POISON:
+                raise RuntimeError("poison")
+
+        pc = ParallelConsumer(
+            dict(consumer_config), options, producer_config={"transactional.id": f"{group}-tx"}
+        )
+        pc.subscribe(name)
+        pc.poll_and_produce(handle)
+        return pc
+
+    # When it has finished everything but the poison key's records
+    first: list[int] = []
+    pc = start(first)
+    try:
+
+        def exact_commit() -> bool:
+            found = _committed_map(consumer_config, name)
+            return found is not None and found[2] == held and found[3] == records - 1
+
+        wait_until(exact_commit, timeout=60, what="a commit of the spilled map of every hole")
+    finally:
+        pc.close(drain=False, timeout=2)
+
+    # Then the side records were written in transactions (their markers take offsets too) and
+    # the map read committed is exact (checked above)
+    side = default_spill_topic(group)
+    written = _count_records(kafka.bootstrap_servers, side)
+    assert written > 0
+    assert end_offsets(kafka.bootstrap_servers, side, [0])[0] > written
+
+    # When a new consumer of the group starts
+    second: list[int] = []
+    pc2 = start(second)
+    try:
+        wait_until(lambda: second.count(POISON) >= 5, timeout=60, what="the poison record again")
+        time.sleep(1.0)
+    finally:
+        pc2.close(drain=False, timeout=2)
+    # Then it ran the poison record and nothing else
+    assert set(second) == {POISON}
