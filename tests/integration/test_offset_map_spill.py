@@ -212,27 +212,25 @@ def _run(
     assert "replaying everything" not in second_log.with_suffix(".stderr").read_text()
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("records", "later"),
+    [
+        pytest.param(50_000, 7_000, marks=pytest.mark.timeout(240), id="50k"),
+        pytest.param(
+            1_000_000, 5_000, marks=[pytest.mark.stress, pytest.mark.timeout(1800)], id="1M"
+        ),
+    ],
+)
 def test_a_poison_record_with_thousands_of_holes_behind_it_spills_and_restarts_exactly(
     kafka: KafkaBroker,
     topic: TopicFactory,
     consumer_config: dict[str, Any],
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
+    records: int,
+    later: int,
 ) -> None:
-    _run(kafka, topic, consumer_config, capsys, tmp_path, records=50_000, later=7_000)
-
-
-@pytest.mark.stress
-@pytest.mark.timeout(1800)
-def test_a_poison_record_among_a_million_records_spills_and_restarts_exactly(
-    kafka: KafkaBroker,
-    topic: TopicFactory,
-    consumer_config: dict[str, Any],
-    capsys: pytest.CaptureFixture[str],
-    tmp_path: Path,
-) -> None:
-    _run(kafka, topic, consumer_config, capsys, tmp_path, records=1_000_000, later=5_000)
+    _run(kafka, topic, consumer_config, capsys, tmp_path, records=records, later=later)
 
 
 @pytest.mark.parametrize("case", ["deleted", "stale"])
