@@ -17,12 +17,13 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient
 from engine_support import commit_directly, committed, end_offsets, wait_until
@@ -117,8 +118,12 @@ def _count_records(bootstrap: str, topic: str) -> int:
 
 def _committed_map(config: dict[str, Any], topic: str) -> tuple[int, str, set[int], int] | None:
     """(committed offset, metadata, unfinished offsets, highest seen) read as a new owner would:
-    a reference resolved through the side topic."""
-    offset, metadata = committed(config, topic, [0])[0]
+    a reference resolved through the side topic. None while there is none (or the group
+    coordinator is not ready to say)."""
+    try:
+        offset, metadata = committed(config, topic, [0])[0]
+    except KafkaException:
+        return None
     if offset < 0 or parse_reference(metadata) is None:
         return None
     store = SpillStore(
@@ -341,3 +346,74 @@ def test_in_the_transactional_mode_the_side_record_commits_with_the_transaction(
         pc2.close(drain=False, timeout=2)
     # Then it ran the poison record and nothing else
     assert set(second) == {POISON}
+
+
+def test_a_partition_whose_map_fits_again_leaves_a_tombstone_in_the_side_topic(
+    kafka: KafkaBroker, topic: TopicFactory, consumer_config: dict[str, Any]
+) -> None:
+    # Given a consumer whose maps spill from 64 bytes on, and a record that fails until released
+    name = topic(1)
+    keys, held = _keys(1_000, 100, seed=3)
+    produce_records(kafka.bootstrap_servers, name, 1_000, keys=keys, partitions=[0])
+    group = consumer_config["group.id"]
+    release = threading.Event()
+    seen: set[int] = set()
+
+    def handle(ctx: PollContext) -> None:
+        if ctx.offset == POISON and not release.is_set():
+            raise RuntimeError("poison, for now")
+        seen.add(ctx.offset)
+
+    options = Options(ordering="key", retry_delay=0.05, commit_interval=0.2, max_metadata_bytes=64)
+    pc = ParallelConsumer(dict(consumer_config), options)
+    try:
+        pc.subscribe(name)
+        pc.poll(handle)
+        # When its map has spilled ...
+        wait_until(
+            lambda: (
+                (found := _committed_map(consumer_config, name)) is not None and found[2] == held
+            ),
+            timeout=60,
+            what="a spilled map of the held records",
+        )
+        # ... and the record then succeeds, so that everything finishes
+        release.set()
+        wait_until(
+            lambda: (
+                _committed_map(consumer_config, name) is None
+                and committed(consumer_config, name, [0])[0] == (1_000, "")
+            ),
+            timeout=60,
+            what="everything committed without a map",
+        )
+    finally:
+        pc.close()
+    # Then the partition's key ends with a tombstone: compaction leaves nothing of its maps
+    last = _last_record(kafka.bootstrap_servers, default_spill_topic(group))
+    assert last == (side_key(group, name, 0), None)
+    assert seen == set(range(1_000))
+
+
+def _last_record(bootstrap: str, topic: str) -> tuple[bytes | None, bytes | None]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "pc-side-reader-unused",
+            "enable.partition.eof": True,
+        }
+    )
+    last: tuple[bytes | None, bytes | None] = (None, b"")
+    try:
+        consumer.assign([KafkaTopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error() is not None:
+                break  # (the end of the partition)
+            last = (message.key(), message.value())
+    finally:
+        consumer.close()
+    return last
