@@ -16,7 +16,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from parallel_consumer._aio import AsyncParallelConsumer, CloseSeam, refuse_blocking_on
@@ -44,6 +44,7 @@ from parallel_consumer.kafka.committers import (
 )
 from parallel_consumer.kafka.dead_letter_topics import dead_letter_topics, prepare_topics
 from parallel_consumer.kafka.poller import Poller, RebalanceCallback
+from parallel_consumer.kafka.pollers import make_poller
 from parallel_consumer.kafka.producer import Outputs
 from parallel_consumer.kafka.share.poller import SharePoller
 from parallel_consumer.kafka.share.settings import check_share_group, read_settings
@@ -68,12 +69,6 @@ OnProduced = Callable[[ProduceResult], object]
 
 _instances = itertools.count(1)
 _REQUEST_TIMEOUT = 10.0
-
-
-def _share_consumer(config: dict[str, Any]) -> Any:
-    from confluent_kafka import ShareConsumer
-
-    return ShareConsumer(config)
 
 
 class ParallelConsumer:
@@ -141,13 +136,14 @@ class ParallelConsumer:
         self._loop_runner: AsyncioRunner | None = None
         self._face: AsyncParallelConsumer | None = None
         try:
-            self._poller: Poller | SharePoller = (SharePoller if options.share_group else Poller)(
-                consumer_factory or (_share_consumer if options.share_group else Consumer),
+            self._poller: Poller | SharePoller = make_poller(
+                options,
                 config,
                 post=self._post,
-                limit=options.buffer_limit,
-                fetch_batch=options.fetch_batch_size,
                 name=self._name,
+                consumer_factory=consumer_factory,
+                producer_factory=self._producer_factory,
+                admin_factory=self._admin_factory,
             )
         except KafkaException as exc:
             raise ConfigurationError(f"invalid consumer_config: {exc}") from exc

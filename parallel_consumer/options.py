@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -246,8 +247,16 @@ class Options:
     #: Upper bound on records held by the engine (buffered awaiting processing + in flight).
     #: ``None`` picks ``max(10_000, 4 * max_concurrency * batch_size)``.
     max_buffered_records: int | None = None
-    #: The broker's ``offset.metadata.max.bytes``; offset maps larger than this are not sent.
+    #: The broker's ``offset.metadata.max.bytes``; offset maps larger than this are not sent
+    #: inline (they spill, see :attr:`spill_offset_maps`).
     max_metadata_bytes: int = 4096
+    #: Offset maps over ``max_metadata_bytes`` go to a compacted side topic and the commit
+    #: carries a reference to them; ``False``: such a partition runs only its unfinished records
+    #: until its map fits again (as the Java library does). See docs/offset-metadata.md.
+    spill_offset_maps: bool = True
+    #: The side topic of spilled maps; ``None`` means ``<group.id>.pc-offsets``. Created
+    #: (1 partition, ``cleanup.policy=compact``) on the first spill if it does not exist.
+    offset_map_topic: str | None = None
     #: How long ``close()`` waits, by default, for buffered work (``drain=True``) and in-flight
     #: handler calls before it gives up on them; ``close(timeout=...)`` overrides it per call.
     shutdown_timeout: float = 30.0
@@ -374,6 +383,18 @@ class Options:
             raise ConfigurationError(
                 "Options.max_metadata_bytes must be an int >= 16 (the broker's "
                 f"offset.metadata.max.bytes, 4096 by default), got {self.max_metadata_bytes!r}"
+            )
+        if not isinstance(self.spill_offset_maps, bool):
+            raise ConfigurationError(
+                f"Options.spill_offset_maps must be a bool, got {self.spill_offset_maps!r}"
+            )
+        topic = self.offset_map_topic
+        if topic is not None and not (
+            isinstance(topic, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,249}", topic)
+        ):
+            raise ConfigurationError(
+                "Options.offset_map_topic must be a topic name ([a-zA-Z0-9._-], at most 249 "
+                f"characters) or None, got {topic!r}"
             )
         if not isinstance(self.name, str) or not self.name:
             raise ConfigurationError(f"Options.name must be a non-empty string, got {self.name!r}")

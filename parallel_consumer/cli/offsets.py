@@ -18,7 +18,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 
 from parallel_consumer._arguments import non_negative, positive
@@ -31,6 +37,7 @@ from parallel_consumer.cli.brokers import (
     reach,
 )
 from parallel_consumer.kafka.committed_reader import CommittedReader
+from parallel_consumer.kafka.spill_store import SpillStore
 from parallel_consumer.offsets import (
     DEFAULT_MAX_METADATA_BYTES,
     OffsetDecodeError,
@@ -38,6 +45,7 @@ from parallel_consumer.offsets import (
     read_committed_metadata,
 )
 from parallel_consumer.offsets.errors import KafkaStreamsMetadataError
+from parallel_consumer.offsets.spill import parse_reference
 
 __all__ = ["OffsetsError", "PartitionReport", "add_parser", "describe", "incomplete_ranges", "run"]
 
@@ -74,6 +82,10 @@ class PartitionReport:
     highest_seen: int | None
     #: Why the metadata could not be decoded (None when it could, or there was none).
     decode_error: str | None = None
+    #: Where the map lives when it spilled (``topic[partition]@offset`` of the side record;
+    #: ``metadata_bytes`` is then the reference's size) and the map's own size.
+    spilled_to: str | None = None
+    map_bytes: int | None = None
 
 
 def incomplete_ranges(offsets: Sequence[int], limit: int | None) -> list[list[int]]:
@@ -98,8 +110,13 @@ def describe(
     exact: bool,
     ranges: int | None,
     metadata_limit: int = DEFAULT_MAX_METADATA_BYTES,
+    spilled: tuple[str, str] | None = None,
 ) -> PartitionReport:
-    """The report of one partition from what the broker stores (pure: no Kafka here)."""
+    """The report of one partition from what the broker stores (pure: no Kafka here).
+
+    ``spilled``: the committed metadata was a reference, given here as (the reference, where
+    its record is); ``committed`` then holds the map fetched from the side topic (exact), or
+    ``""`` when it could not be had."""
     if committed is None or committed[0] < 0:
         return PartitionReport(
             topic, partition, None, end_offset, None, None, 0, metadata_limit, 0, [], None
@@ -107,7 +124,14 @@ def describe(
     offset, metadata = committed
     metadata = metadata or ""
     size = len(metadata.encode("utf-8"))
+    where: dict[str, Any] = {}
+    if spilled is not None:
+        where = {"spilled_to": spilled[1], "map_bytes": size}
+        size = len(spilled[0].encode("utf-8"))
+        exact = True
     try:
+        if spilled is not None and not metadata:
+            raise OffsetDecodeError(f"the spilled map at {spilled[1]} cannot be read")
         decoded = decode_offset_map(offset, metadata, exact=exact)
     except (OffsetDecodeError, KafkaStreamsMetadataError) as exc:
         return PartitionReport(
@@ -123,6 +147,7 @@ def describe(
             [],
             None,
             decode_error=str(exc),
+            **where,
         )
     return PartitionReport(
         topic,
@@ -136,6 +161,7 @@ def describe(
         len(decoded.incomplete),
         incomplete_ranges(decoded.incomplete, ranges),
         decoded.highest_seen,
+        **where,
     )
 
 
@@ -216,6 +242,40 @@ def _committed(
     }, False
 
 
+def _spilled(
+    config: dict[str, Any],
+    group: str,
+    committed: dict[tuple[str, int], tuple[int, str | None]],
+) -> dict[tuple[str, int], tuple[str, str]]:
+    """For each partition whose map spilled: the reference and where it points; ``committed``
+    gets the map fetched from the side topic in its place (``""`` if it cannot be read)."""
+    out: dict[tuple[str, int], tuple[str, str]] = {}
+    store: SpillStore | None = None
+    for tp, (offset, metadata) in committed.items():
+        try:
+            ref = parse_reference(metadata or "")
+        except OffsetDecodeError:
+            continue  # describe() says why it cannot be decoded
+        if ref is None:
+            continue
+        assert metadata is not None
+        if store is None:
+            store = SpillStore(
+                config,
+                group=group,
+                topic=ref.topic,
+                producer_factory=Producer,
+                consumer_factory=Consumer,
+                admin_factory=AdminClient,
+                name="pc-offsets",
+            )
+        out[tp] = (metadata, str(ref))
+        committed[tp] = (offset, store.resolve(tp, offset, metadata) or "")
+    if store is not None:
+        store.close()
+    return out
+
+
 def reports(args: argparse.Namespace) -> list[PartitionReport]:
     reach(args.bootstrap, args.timeout, given_settings(args))
     config = client_config(args, **{"group.id": args.group, "enable.auto.commit": False})
@@ -231,6 +291,7 @@ def reports(args: argparse.Namespace) -> list[PartitionReport]:
                     "(--topic T shows a topic's partitions even without them)"
                 )
         committed, exact = _committed(config, consumer, tps, args.timeout)
+        spilled = _spilled(config, args.group, committed)
         out = []
         for topic, partition in tps:
             _, end = consumer.get_watermark_offsets(
@@ -245,6 +306,7 @@ def reports(args: argparse.Namespace) -> list[PartitionReport]:
                     exact=exact,
                     ranges=args.ranges or None,
                     metadata_limit=args.metadata_limit,
+                    spilled=spilled.get((topic, partition)),
                 )
             )
         return out
@@ -285,6 +347,11 @@ def _print_table(rows: Sequence[PartitionReport], out: TextIO) -> None:
                 else ""
             )
             print(f"{r.topic}[{r.partition}] unfinished: {shown}{more}", file=out)
+        if r.spilled_to:
+            print(
+                f"{r.topic}[{r.partition}] map spilled: {r.map_bytes} bytes in {r.spilled_to}",
+                file=out,
+            )
         if r.decode_error:
             print(
                 f"{r.topic}[{r.partition}] metadata not an offset map: {r.decode_error}", file=out
@@ -303,7 +370,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         return 1
     if args.json:
         for row in rows:
-            print(json.dumps(asdict(row), sort_keys=True), file=out)
+            fields = asdict(row)
+            if row.spilled_to is None:  # the keys of a spilled map only: old scripts see no change
+                del fields["spilled_to"], fields["map_bytes"]
+            print(json.dumps(fields, sort_keys=True), file=out)
     else:
         _print_table(rows, out)
     return 0

@@ -84,7 +84,9 @@ class Ledger:
         self.shards = ShardMap(options.ordering)
         self.retries = RetryQueue()
         self.in_flight = InFlight()
-        self.commits = CommitTracker(options.max_metadata_bytes, options.commit_every)
+        self.commits = CommitTracker(
+            options.max_metadata_bytes, options.commit_every, spill=options.spill_offset_maps
+        )
         self.counters = Counters()
         #: Topics the brokers refused outputs or dead letters on (kept by delivery).
         self.refusals = Refusals()

@@ -9,19 +9,27 @@ Called by the poller only, on its thread (the only one that touches the client).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from parallel_consumer._events import Commit
+from parallel_consumer._events import Assignment, Commit
 from parallel_consumer.kafka.assigned import AssignedPartitions
-from parallel_consumer.kafka.commit_requests import CommitRequests, Decision, Reply, Request
+from parallel_consumer.kafka.commit_requests import (
+    CommitRequests,
+    Decision,
+    Reply,
+    Request,
+    split_live,
+)
 from parallel_consumer.kafka.committed_reader import CommittedReader
 from parallel_consumer.kafka.exact_commits import ExactCommits
+from parallel_consumer.kafka.spill_store import SideWrite, SpillFailed, SpillStore
 from parallel_consumer.offsets import read_committed_metadata
 from parallel_consumer.work.commit_tracker import CommitAnswer, OffsetCommit
 from parallel_consumer.work.item import TopicPartition
@@ -29,11 +37,15 @@ from parallel_consumer.work.item import TopicPartition
 __all__ = [
     "CommitClient",
     "answer",
+    "assignment",
     "commit_sync",
     "failed",
     "kafka_offset",
+    "on_the_wire",
     "read_committed",
     "send_offsets_to_transaction",
+    "spill_failed",
+    "spill_references",
 ]
 
 log = logging.getLogger("parallel_consumer")
@@ -55,11 +67,13 @@ _PERMANENT_COMMIT_ERRORS = {
 }
 
 
-def kafka_offset(commit: OffsetCommit) -> Any:
-    """The client's form of one offset to commit."""
+def kafka_offset(commit: OffsetCommit, references: Mapping[TopicPartition, str] = {}) -> Any:
+    """The client's form of one offset to commit: its map, or the reference to its map in the
+    side topic (``references``, for ``spill`` commits)."""
     tp = commit.tp
-    if commit.metadata:
-        return KafkaTopicPartition(tp[0], tp[1], commit.offset, commit.metadata)
+    metadata = references.get(tp, "") if commit.spill else commit.metadata
+    if metadata:
+        return KafkaTopicPartition(tp[0], tp[1], commit.offset, metadata)
     # No map: send no metadata at all (an empty string would be stored as a lone NUL byte).
     return KafkaTopicPartition(tp[0], tp[1], commit.offset)
 
@@ -75,28 +89,52 @@ def answer(commit: OffsetCommit, error: Any) -> CommitAnswer:
     return CommitAnswer(commit, str(error))
 
 
+def spill_failed(commits: Sequence[OffsetCommit], exc: SpillFailed) -> tuple[CommitAnswer, ...]:
+    """The answers for ``commits`` whose side records could not be written."""
+    return tuple(CommitAnswer(c, str(exc), permanent=exc.permanent) for c in commits)
+
+
 def failed(commits: Sequence[OffsetCommit], exc: KafkaException) -> tuple[CommitAnswer, ...]:
     """The answers for ``commits`` whose request raised ``exc``."""
     error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else exc
     return tuple(answer(c, error) for c in commits)
 
 
+def on_the_wire(
+    commits: Sequence[OffsetCommit], references: Mapping[TopicPartition, str]
+) -> list[OffsetCommit]:
+    """``commits`` as they reach the broker: a spilled map is replaced by its reference in the
+    side topic (``references``)."""
+    return [
+        dataclasses.replace(c, metadata=references.get(c.tp, ""), spill=False) if c.spill else c
+        for c in commits
+    ]
+
+
 def _commit(
-    consumer: Any, exact: ExactCommits | None, commits: Sequence[OffsetCommit], asynchronous: bool
+    consumer: Any,
+    exact: ExactCommits | None,
+    commits: Sequence[OffsetCommit],
+    asynchronous: bool,
+    references: Mapping[TopicPartition, str] = {},
 ) -> Any:
     """``consumer.commit(offsets=..., asynchronous=...)``, with each map's exact bytes through
     ``exact`` when it can (see ``kafka/exact_commits.py``)."""
+    wire = on_the_wire(commits, references)
     if exact is not None and exact.ready():
-        return exact.commit(commits, asynchronous=asynchronous)
-    return consumer.commit(offsets=[kafka_offset(c) for c in commits], asynchronous=asynchronous)
+        return exact.commit(wire, asynchronous=asynchronous)
+    return consumer.commit(offsets=[kafka_offset(c) for c in wire], asynchronous=asynchronous)
 
 
 def commit_sync(
-    consumer: Any, commits: Sequence[OffsetCommit], exact: ExactCommits | None = None
+    consumer: Any,
+    commits: Sequence[OffsetCommit],
+    exact: ExactCommits | None = None,
+    references: Mapping[TopicPartition, str] = {},
 ) -> tuple[CommitAnswer, ...]:
     """Commit ``commits`` and wait for the answer."""
     try:
-        stored = _commit(consumer, exact, commits, asynchronous=False)
+        stored = _commit(consumer, exact, commits, asynchronous=False, references=references)
     except KafkaException as exc:
         log.warning("commit failed: %s", exc)
         return failed(commits, exc)
@@ -109,12 +147,24 @@ class CommitClient:
     sent, the client's ``on_commit`` answers matched to them, replies set. Owned by the poller
     thread (the client serves its callbacks inside ``consume()``)."""
 
-    def __init__(self, client: Any, assigned: AssignedPartitions, *, name: str = "pc") -> None:
+    def __init__(
+        self,
+        client: Any,
+        assigned: AssignedPartitions,
+        spill: SpillStore | None = None,
+        *,
+        name: str = "pc",
+    ) -> None:
         self.requests = CommitRequests()
         self._client = client
         self._assigned = assigned
         #: Commits maps byte for byte on the client's own handle: only for a real client.
         self.exact = ExactCommits(client, name=name) if isinstance(client, Consumer) else None
+        #: Where maps over the metadata limit go (None: the planner never spills).
+        self._spill = spill
+        #: An asynchronous request whose side records are on their way: it goes to the client
+        #: once they are acknowledged (the poller fetches meanwhile).
+        self._side: tuple[Request, SideWrite] | None = None
 
     def commit(self, command: Commit, revoking: frozenset[TopicPartition]) -> None:
         """A Commit command arrived; ``revoking``: the partitions being revoked right now."""
@@ -122,6 +172,7 @@ class CommitClient:
 
     def turn(self, now: float, answer_timeout: float) -> None:
         """Send what waited, once the request before it is answered or given up on."""
+        self._side_turn()
         decision = self.requests.due(now, answer_timeout, self._assigned.epochs)
         if (gave_up := decision.gave_up) is not None:
             log.warning(
@@ -147,6 +198,7 @@ class CommitClient:
 
     def close(self, reason: str) -> None:
         """The client closes: every commit not answered yet failed with ``reason``."""
+        self._side = None
         _reply(self.requests.close(reason))
 
     def _carry_out(self, decision: Decision) -> None:
@@ -158,15 +210,96 @@ class CommitClient:
         """Synchronously if the request says so (answered at once), else asynchronously
         (answered by ``on_commit``)."""
         live = request.offsets
-        if request.sync:
-            _reply(request.answer(commit_sync(self._client, live, self.exact)))
-            return
         try:
-            _commit(self._client, self.exact, live, asynchronous=True)
+            if request.sync or self._spill is None:
+                references = spill_references(self._spill, live)
+            else:
+                write = self._spill.start(live)
+                if write.pending:
+                    # Sent once they are acknowledged (_side_turn); commits that come meanwhile
+                    # wait behind it, as behind any request on its way.
+                    self.requests.on_its_way(request, time.monotonic())
+                    self._side = (request, write)
+                    return
+                references = write.refs
+        except SpillFailed as exc:
+            log.warning("commit failed: %s", exc)
+            _reply(request.answer(spill_failed(live, exc)))
+            return
+        if request.sync:
+            _reply(request.answer(commit_sync(self._client, live, self.exact, references)))
+            return
+        self._send_async(request, references)
+
+    def _side_turn(self) -> None:
+        """Send the request waiting for its side records once they are acknowledged."""
+        if self._side is None:
+            return
+        request, write = self._side
+        if self.requests.unanswered is not request:
+            self._side = None  # given up on meanwhile (answered as failed): never sent
+            return
+        assert self._spill is not None
+        try:
+            references = self._spill.finish(write, block=False)
+        except SpillFailed as exc:
+            log.warning("commit failed: %s", exc)
+            self._side = None
+            self.requests.withdraw(request)
+            _reply(request.answer(spill_failed(request.offsets, exc)))
+            return
+        if references is None:
+            return
+        self._side = None
+        self.requests.withdraw(request)
+        # A partition revoked meanwhile had its final commit: an older offset must not follow.
+        _, dropped = split_live(request.offsets, self._assigned.epochs)
+        for gone in dropped:
+            del request.sent[gone.commit.tp]
+            request.dropped[gone.commit.tp] = gone
+        if not request.sent:
+            _reply(request.answer(()))
+            return
+        self._send_async(request, references)
+
+    def _send_async(self, request: Request, references: Mapping[TopicPartition, str]) -> None:
+        live = request.offsets
+        try:
+            _commit(self._client, self.exact, live, asynchronous=True, references=references)
         except KafkaException as exc:
             _reply(request.answer(failed(live, exc)))
             return
         self.requests.on_its_way(request, time.monotonic())
+
+
+def spill_references(
+    spill: SpillStore | None, commits: Sequence[OffsetCommit], producer: Any = None
+) -> dict[TopicPartition, str]:
+    """The references of the ``spill`` commits among ``commits`` (their side records written
+    first); raises SpillFailed, also when a map must spill and there is no side topic."""
+    if spill is None:
+        if any(c.spill for c in commits):
+            raise SpillFailed("an offset map must spill but no side topic is set", permanent=True)
+        return {}
+    return spill.references(commits, producer)
+
+
+def assignment(
+    spill: SpillStore | None,
+    tp: TopicPartition,
+    epoch: int,
+    committed: tuple[int, str | None] | None,
+    *,
+    exact: bool = False,
+) -> Assignment:
+    """The assignment of ``tp`` from what it read as committed: a reference to a spilled map
+    is replaced by the map itself (exact), fetched from the side topic."""
+    offset, metadata = committed if committed is not None else (None, None)
+    if spill is not None and offset is not None and metadata:
+        found = spill.resolve(tp, offset, metadata)
+        if found is not None:
+            metadata, exact = found, True
+    return Assignment(tp, epoch, offset, metadata, exact_metadata=exact)
 
 
 def _reply(replies: Iterable[Reply]) -> None:

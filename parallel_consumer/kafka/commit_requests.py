@@ -200,6 +200,12 @@ class CommitRequests:
         request.sent_at = now
         self._unanswered = request
 
+    def withdraw(self, request: Request) -> None:
+        """``request`` went out but never reached the client (its side records failed, or it
+        was given up on meanwhile): nothing more is waited for."""
+        if self._unanswered is request:
+            self._unanswered = None
+
     def answered(
         self, offsets: Mapping[TopicPartition, int], epochs: Mapping[TopicPartition, int]
     ) -> tuple[Request | None, tuple[OffsetCommit, ...]]:

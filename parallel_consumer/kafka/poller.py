@@ -34,7 +34,6 @@ from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from parallel_consumer._events import (
-    Assignment,
     Commit,
     ControllerEvent,
     PartitionsAssigned,
@@ -58,6 +57,7 @@ from parallel_consumer.kafka.client_offsets import CommitClient
 from parallel_consumer.kafka.client_pauses import ClientPauses
 from parallel_consumer.kafka.committed_reader import CommittedReader
 from parallel_consumer.kafka.producer import Outputs
+from parallel_consumer.kafka.spill_store import SpillStore
 from parallel_consumer.kafka.topic_check import MissingTopics
 from parallel_consumer.kafka.transactions import Transactions
 from parallel_consumer.status import PollerStatistics
@@ -113,6 +113,7 @@ class Poller:
         limit: int,
         fetch_batch: int,
         name: str = "pc",
+        spill: SpillStore | None = None,
     ) -> None:
         #: Epochs and what was handed over per partition; records held back beyond the credit.
         self._assigned = AssignedPartitions()
@@ -124,7 +125,9 @@ class Poller:
             self._client_log.configure({**config, "on_commit": self._on_commit})
         )
         #: One commit request at a time, decided and carried out on the client.
-        self._commits = CommitClient(self._consumer, self._assigned, name=name)
+        #: The side topic of offset maps over the metadata limit (None: they never spill).
+        self._spill = spill
+        self._commits = CommitClient(self._consumer, self._assigned, spill, name=name)
         #: Reads committed metadata with its exact length (``kafka/committed_reader.py``),
         #: through a handle of its own made from the same configuration: only for a real client.
         self._exact_reader = (
@@ -182,6 +185,7 @@ class Poller:
             self._post,
             request_timeout=REQUEST_TIMEOUT,
             exact=self._commits.exact,
+            spill=self._spill,
         )
 
     def start(self) -> None:
@@ -302,6 +306,11 @@ class Poller:
                 log.warning("closing the Kafka consumer failed", exc_info=True)
             if self._exact_reader is not None:
                 self._exact_reader.close()
+            if self._spill is not None:
+                try:
+                    self._spill.close()
+                except Exception:
+                    log.warning("closing the offset map clients failed", exc_info=True)
 
     def _wait_for_credit(self) -> bool:
         """Too little credit: wait for the controller to return some, without touching the client,
@@ -429,8 +438,9 @@ class Poller:
         epoch = self._assigned.assign(tps)
         assignments = []
         for tp in tps:
-            offset, metadata = committed.get(tp, (None, None))
-            assignments.append(Assignment(tp, epoch, offset, metadata, exact_metadata=exact))
+            found = committed.get(tp)
+            assignment = client_offsets.assignment(self._spill, tp, epoch, found, exact=exact)
+            assignments.append(assignment)
         log.info("assigned %s", _names(partitions))
         self._post(PartitionsAssigned(tuple(assignments)))
         self._call_user(self._user_on_assign, consumer, partitions)
@@ -440,6 +450,8 @@ class Poller:
         tps = tuple((p.topic, p.partition) for p in partitions)
         self._resume_leaving(tps)
         self._assigned.forget(tps)
+        if self._spill is not None:
+            self._spill.forget(tps)
         return tps
 
     def _resume_leaving(self, tps: tuple[TopicPartition, ...]) -> None:

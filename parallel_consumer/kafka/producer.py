@@ -307,6 +307,12 @@ class Outputs:
 
     # -- the poller thread (transactional mode) --------------------------------------------------
 
+    @property
+    def producer(self) -> Any:
+        """The client, for records the poller writes inside the open transaction (spilled
+        offset maps, ``kafka/spill_store.py``)."""
+        return self._producer
+
     def abort(self, reason: str) -> tuple[TransactionOutcome, str]:
         """Abort the open transaction and begin the next one."""
         return self._abort_after(None, reason)

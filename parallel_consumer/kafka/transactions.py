@@ -16,13 +16,14 @@ from typing import Any
 
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from parallel_consumer._events import Assignment, ControllerEvent, PartitionsAssigned, Transact
+from parallel_consumer._events import ControllerEvent, PartitionsAssigned, Transact
 from parallel_consumer.errors import InternalError
 from parallel_consumer.kafka import client_offsets
 from parallel_consumer.kafka.assigned import AssignedPartitions
 from parallel_consumer.kafka.commit_requests import split_live
 from parallel_consumer.kafka.exact_commits import ExactCommits
 from parallel_consumer.kafka.producer import Outputs, TransactionOutcome
+from parallel_consumer.kafka.spill_store import SpillFailed, SpillStore
 from parallel_consumer.work.commit_tracker import CommitAnswer, OffsetCommit
 from parallel_consumer.work.item import TopicPartition
 
@@ -43,10 +44,12 @@ class Transactions:
         *,
         request_timeout: float,
         exact: ExactCommits | None = None,
+        spill: SpillStore | None = None,
     ) -> None:
         self._outputs = outputs
         #: Sends the maps byte for byte when it can (``kafka/exact_commits.py``).
         self._exact = exact
+        self._spill = spill
         self._consumer = consumer
         self._assigned = assigned
         self._post = post
@@ -62,10 +65,21 @@ class Transactions:
                 "were lost"
             )
         else:
-            outcome, reason = outputs.transact(self._offsets_sender(live) if live else None)
+            try:
+                # Spilled maps join the open transaction: they commit (or abort) with it.
+                refs = client_offsets.spill_references(self._spill, live, outputs.producer)
+            except SpillFailed as exc:
+                outcome, reason = outputs.abort(str(exc))
+                if exc.permanent and outcome is TransactionOutcome.ABORTED:
+                    outcome = TransactionOutcome.FATAL
+            else:
+                wire = client_offsets.on_the_wire(live, refs)
+                outcome, reason = outputs.transact(self._offsets_sender(wire) if wire else None)
         if outcome is TransactionOutcome.COMMITTED:
             command.reply.set_result((*dropped, *(CommitAnswer(c) for c in live)))
             return
+        if self._spill is not None:
+            self._spill.forget()  # the side records of the transaction are aborted too
         if outcome is TransactionOutcome.ABORTED:
             # Outputs and offsets of the aborted transaction are gone, while the controller
             # counts their records as finished: start every partition again from its committed
@@ -96,6 +110,8 @@ class Transactions:
         may be in it, which must then not commit without their offsets) and start the
         partitions kept again."""
         outcome, why = self._outputs.abort(reason)
+        if self._spill is not None:
+            self._spill.forget()
         if outcome is TransactionOutcome.FATAL:
             raise InternalError(why)
         self._rewind(revoking)
@@ -122,8 +138,7 @@ class Transactions:
             offset = found[0] if found is not None else first
             if offset is not None:
                 self._consumer.seek(KafkaTopicPartition(tp[0], tp[1], offset))
-            offset_found, metadata = found if found is not None else (None, None)
-            assignments.append(Assignment(tp, epoch, offset_found, metadata))
+            assignments.append(client_offsets.assignment(self._spill, tp, epoch, found))
         rewound = ", ".join(f"{t}[{p}]" for t, p in first_seen)
         log.warning("rewound %s to the committed offsets", rewound)
         self._post(PartitionsAssigned(tuple(assignments)))

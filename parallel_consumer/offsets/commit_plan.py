@@ -27,6 +27,9 @@ class MetadataStatus(enum.Enum):
     NEAR_LIMIT = "near_limit"
     #: The map is over the limit, so only the offset is committed (metadata ``""``), like Java.
     TOO_LARGE = "too_large"
+    #: The map is over the limit and goes to the side topic (``spill=True``): the commit carries
+    #: a reference to it (``offsets/spill.py``); ``metadata`` is the whole map.
+    SPILL = "spill"
     #: No encoding can represent the range (length fields overflow); only the offset is committed.
     NO_ENCODING = "no_encoding"
 
@@ -52,6 +55,7 @@ def plan_commit(
     max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
     near_limit_ratio: float = 0.75,
     force: OffsetEncoding | None = None,
+    spill: bool = False,
 ) -> CommitPlan | None:
     """Plan the commit of one partition from its incomplete offsets.
 
@@ -67,9 +71,12 @@ def plan_commit(
     * ``FITS``: commit; let the partition take new records.
     * ``NEAR_LIMIT`` (``size >= near_limit_ratio * max_metadata_bytes``): commit, and block the
       partition: select only records below ``highest_succeeded`` (the holes in the map) until a
-      later plan is ``FITS`` again. Java blocks only above the ratio (strictly greater).
+      later plan is ``FITS`` again. Java blocks only above the ratio (strictly greater). With
+      ``spill`` there is no need to: a map that grows over the limit spills.
     * ``TOO_LARGE`` (``size > max_metadata_bytes``): commit the offset alone (metadata ``""``, so
       everything above it replays after a restart), log a warning, and block as above.
+    * ``SPILL`` (``size > max_metadata_bytes`` and ``spill``): the map goes to the side topic
+      and the commit carries a reference to it; the partition keeps taking new records.
     * ``NO_ENCODING``: the same as ``TOO_LARGE``.
 
     When nothing above the lowest incomplete offset has succeeded, no map is needed and the
@@ -101,7 +108,9 @@ def plan_commit(
         return CommitPlan(
             offset=offset, metadata="", status=MetadataStatus.NO_ENCODING, encoding=None, size=0
         )
-    if encoded.size > max_metadata_bytes:
+    if encoded.size > max_metadata_bytes and spill:
+        status, metadata = MetadataStatus.SPILL, encoded.metadata
+    elif encoded.size > max_metadata_bytes:
         status, metadata = MetadataStatus.TOO_LARGE, ""
     elif encoded.size >= near_limit_ratio * max_metadata_bytes:
         status, metadata = MetadataStatus.NEAR_LIMIT, encoded.metadata

@@ -3,10 +3,11 @@ the broker answered, and which partitions are blocked. Owned by the controller t
 its ledger); pure data and decisions, no I/O.
 
 "Blocked" lives here and only here: a partition whose offset map is near or over the metadata
-limit runs only the holes below its highest succeeded offset until the map shrinks. The
-controller reads :attr:`CommitTracker.blocked` when it asks the shards for work, and unparks the
-shards of the partitions :meth:`CommitTracker.take_to_unpark` returns. The limit follows the
-highest succeeded offset while the partition stays blocked.
+limit runs only the holes below its highest succeeded offset until the map shrinks, unless
+maps over the limit spill to the side topic (``spill``, docs/offset-metadata.md): then nothing
+blocks. The controller reads :attr:`CommitTracker.blocked` when it asks the shards for work, and
+unparks the shards of the partitions :meth:`CommitTracker.take_to_unpark` returns. The limit
+follows the highest succeeded offset while the partition stays blocked.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ __all__ = [
 
 log = logging.getLogger("parallel_consumer")
 
+#: Statuses that do not block a partition when maps over the limit spill.
+_SPILLING = frozenset({MetadataStatus.NEAR_LIMIT, MetadataStatus.SPILL})
 #: A commit neither acknowledged nor failed after this long is sent again.
 PENDING_COMMIT_TIMEOUT = 30.0
 #: An engine that finished everything it polled commits at once, if the last commit is this
@@ -41,12 +44,14 @@ IDLE_COMMIT_AFTER = 0.1
 @dataclasses.dataclass(frozen=True, slots=True)
 class OffsetCommit:
     """One partition's share of a commit, for the assignment ``epoch`` it was planned in.
-    ``metadata`` ``""`` commits no metadata at all."""
+    ``metadata`` ``""`` commits no metadata at all. ``spill``: ``metadata`` is a map over the
+    limit, which the committer writes to the side topic and commits a reference to instead."""
 
     tp: TopicPartition
     epoch: int
     offset: int
     metadata: str
+    spill: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,8 +76,10 @@ class _Pending:
 class CommitTracker:
     """Commit planning and bookkeeping for every assigned partition."""
 
-    def __init__(self, max_metadata_bytes: int, every: float = 5.0) -> None:
+    def __init__(self, max_metadata_bytes: int, every: float = 5.0, *, spill: bool = False) -> None:
         self._max_metadata_bytes = max_metadata_bytes
+        #: Maps over the limit go to the side topic instead of blocking the partition.
+        self._spill = spill
         #: Seconds between commits (Options.commit_every), and when the next is due.
         self.every = every
         self.next_at = 0.0
@@ -103,6 +110,7 @@ class CommitTracker:
             state.incomplete.below(state.highest_succeeded),
             state.highest_succeeded,
             max_metadata_bytes=self._max_metadata_bytes,
+            spill=self._spill,
         )
         if not state.incomplete:
             # Nothing unfinished: the client's read position may be past trailing transaction
@@ -118,7 +126,9 @@ class CommitTracker:
             return None
         tp = state.tp
         self._metadata[tp] = (plan.size, plan.status.name.lower())
-        too_big = plan.status is not MetadataStatus.FITS
+        too_big = plan.status is not MetadataStatus.FITS and not (
+            self._spill and plan.status in _SPILLING
+        )
         if too_big and tp not in self.blocked:
             self.blocked[tp] = state.highest_succeeded
             log.warning(
@@ -169,7 +179,8 @@ class CommitTracker:
         plan = self.plan(state)
         if plan is None:
             return None
-        return OffsetCommit(state.tp, state.epoch, plan.offset, plan.metadata)
+        spill = plan.status is MetadataStatus.SPILL
+        return OffsetCommit(state.tp, state.epoch, plan.offset, plan.metadata, spill)
 
     def sent(self, state: PartitionState, commit: OffsetCommit, now: float) -> None:
         # Only the newest commit of a partition is awaited: it covers every older one, whose

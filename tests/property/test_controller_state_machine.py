@@ -320,6 +320,7 @@ class ControllerMachine(RuleBasedStateMachine):
             non_retryable=(KeyError,),  # and so does its first KeyError
             dead_letter_topic="dlq",
             max_metadata_bytes=64,  # small, so the "blocked" path is exercised too
+            spill_offset_maps=False,
             max_buffered_records=24,  # small, so the credit bound is reached often
             processing_timeout=self.processing_timeout,
             stall_threshold=self.stall_threshold,

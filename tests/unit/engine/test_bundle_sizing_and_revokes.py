@@ -289,6 +289,7 @@ def test_records_of_a_blocked_unordered_partition_do_not_size_bundles():
             commit_interval=1,
             retry_delay=100,
             max_metadata_bytes=16,
+            spill_offset_maps=False,
         ),
         runner=runner,
     )

@@ -205,7 +205,13 @@ def test_a_partition_whose_offset_map_nears_the_limit_runs_only_its_holes(
             raise RuntimeError("downstream is down")
 
     pc = harness.make(
-        Options(ordering="unordered", commit_interval=1, retry_delay=100, max_metadata_bytes=16),
+        Options(
+            ordering="unordered",
+            commit_interval=1,
+            retry_delay=100,
+            max_metadata_bytes=16,
+            spill_offset_maps=False,
+        ),
         clock=clock,
     )
     pc.poll(handle)
@@ -433,7 +439,13 @@ def test_a_blocked_partition_runs_holes_that_appear_above_its_first_limit(
             done.add(offset)
 
     pc = harness.make(
-        Options(ordering=ordering, max_concurrency=64, max_metadata_bytes=16, commit_interval=0.05)
+        Options(
+            ordering=ordering,
+            max_concurrency=64,
+            max_metadata_bytes=16,
+            spill_offset_maps=False,
+            commit_interval=0.05,
+        )
     )
     pc.poll(handle)
     # Then every record is handled (it used to stop at 156, the holes above 79 parked forever)

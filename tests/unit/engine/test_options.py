@@ -18,6 +18,8 @@ def test_defaults_match_the_documented_values():
     assert options.commit_interval == 5.0
     assert options.retry_delay == 1.0
     assert options.max_metadata_bytes == 4096
+    assert options.spill_offset_maps is True
+    assert options.offset_map_topic is None
     assert options.buffer_limit == 10_000
 
 
@@ -46,6 +48,10 @@ def test_durations_accept_seconds_or_timedelta_and_enums_accept_names():
         ({"max_buffered_records": 10, "max_concurrency": 16}, "max_buffered_records"),
         ({"max_metadata_bytes": 0}, "max_metadata_bytes"),
         ({"invalid_metadata_policy": "shrug"}, "invalid_metadata_policy"),
+        ({"spill_offset_maps": "yes"}, "spill_offset_maps"),
+        ({"offset_map_topic": "my topic"}, "offset_map_topic"),
+        ({"offset_map_topic": ""}, "offset_map_topic"),
+        ({"offset_map_topic": "x" * 250}, "offset_map_topic"),
     ],
 )
 def test_invalid_values_name_the_setting(kwargs, name):

@@ -425,3 +425,41 @@ class TestSpareLanes:
         assert shards._shards[second.shard_key] is not stale
         assert shards.take({}) is second
         assert shards.take({}) is None
+
+
+class TestCommitTrackerSpill:
+    def _holes(self, tracker: CommitTracker) -> PartitionState:
+        # every other offset of 0..400 finished: a map too large for 16 bytes
+        state = PartitionState(TP, 1)
+        state.accept(msgs(*range(400)))
+        for offset in range(1, 400, 2):
+            state.succeeded(offset)
+        return state
+
+    def test_a_map_over_the_limit_spills_and_never_blocks_the_partition(self):
+        tracker = CommitTracker(16, spill=True)
+        state = self._holes(tracker)
+        [commit] = tracker.due([state], now=0.0)
+        assert commit.spill
+        assert commit.offset == 0
+        assert len(commit.metadata) > 16
+        assert TP not in tracker.blocked
+        assert tracker.metadata(TP)[1] == "spill"
+
+    def test_without_spilling_the_same_map_blocks_and_commits_no_metadata(self):
+        tracker = CommitTracker(16)
+        state = self._holes(tracker)
+        [commit] = tracker.due([state], now=0.0)
+        assert not commit.spill
+        assert commit.metadata == ""
+        assert TP in tracker.blocked
+
+    def test_a_map_that_fits_is_the_same_commit_with_or_without_spilling(self):
+        state = PartitionState(TP, 1)
+        state.accept(msgs(0, 1, 2))
+        state.succeeded(2)
+        [spilling] = CommitTracker(4096, spill=True).due([state], now=0.0)
+        [inline] = CommitTracker(4096).due([state], now=0.0)
+        assert spilling == inline
+        assert not inline.spill
+        assert inline.metadata

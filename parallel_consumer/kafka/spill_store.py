@@ -1,0 +1,455 @@
+"""The side topic of offset maps over the metadata limit: written before the commit that
+references them, read back on assignment. Owned by the poller thread (the commits and the
+assignments run there); the format is ``offsets/spill.py``'s. See
+``docs/offset-metadata.md#maps-over-the-limit``.
+
+Writing: :meth:`SpillStore.references` turns the ``spill`` commits of one request into
+references, producing one side record per partition whose map changed since its last one, and
+waits for the broker's acknowledgement (its offset goes into the reference). The first write
+creates the topic (``cleanup.policy=compact``) if it is missing. A partition whose map fits
+inline again gets a tombstone, so that compaction leaves nothing of it. In the transactional
+mode the records go through the transactional producer, inside the open transaction.
+
+Reading: :meth:`SpillStore.resolve` fetches the record a committed reference names, checks it
+is the very one (key, checksum, committed offset) and returns the map; when it cannot, it says
+so in a WARNING naming the partition and the partition replays from its committed offset.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka.cimpl import NewTopic
+
+from parallel_consumer.kafka.client_log import ClientLog
+from parallel_consumer.offsets import OffsetDecodeError
+from parallel_consumer.offsets.spill import (
+    SpillReference,
+    checksum,
+    default_spill_topic,
+    format_reference,
+    parse_reference,
+    read_side_value,
+    side_key,
+    side_value,
+)
+from parallel_consumer.options import Options
+from parallel_consumer.work.commit_tracker import OffsetCommit
+from parallel_consumer.work.item import TopicPartition
+
+__all__ = ["SideWrite", "SpillFailed", "SpillStore", "side_client_config", "spill_store_for"]
+
+log = logging.getLogger("parallel_consumer")
+
+#: How long a side write may take before the commit fails (and is sent again later).
+SIDE_TIMEOUT = 15.0
+#: How long the restore of one partition waits for its side record before it replays instead.
+READ_TIMEOUT = 5.0
+
+#: Consumer settings a producer or an assign-only reader must not get (librdkafka would log
+#: one warning per ignored property, or the reader would join the group).
+_CONSUMER_ONLY = frozenset(
+    {
+        "group.instance.id",
+        "partition.assignment.strategy",
+        "session.timeout.ms",
+        "heartbeat.interval.ms",
+        "group.protocol",
+        "group.protocol.type",
+        "group.remote.assignor",
+        "coordinator.query.interval.ms",
+        "max.poll.interval.ms",
+        "enable.auto.commit",
+        "auto.commit.interval.ms",
+        "enable.auto.offset.store",
+        "queued.min.messages",
+        "queued.max.messages.kbytes",
+        "fetch.wait.max.ms",
+        "fetch.queue.backoff.ms",
+        "fetch.message.max.bytes",
+        "max.partition.fetch.bytes",
+        "fetch.max.bytes",
+        "fetch.min.bytes",
+        "fetch.error.backoff.ms",
+        "isolation.level",
+        "enable.partition.eof",
+        "check.crcs",
+        "auto.offset.reset",
+        "on_commit",
+        "group.id",
+    }
+)
+#: Errors after which writing again cannot help: the consumer stops with the reason.
+_PERMANENT = {
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    KafkaError.POLICY_VIOLATION,
+    KafkaError.INVALID_CONFIG,
+    KafkaError.TOPIC_EXCEPTION,
+}
+
+
+class SpillFailed(Exception):
+    """A side record could not be written: the commits of the request fail (``permanent``:
+    for good, and the consumer stops with this message)."""
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+def side_client_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of the side topic's producer and admin client: the consumer's connection
+    and security settings, without what only a group member uses."""
+    return {k: v for k, v in config.items() if k not in _CONSUMER_ONLY}
+
+
+class SideWrite:
+    """Side records on their way for one commit request (see :meth:`SpillStore.start`)."""
+
+    def __init__(self) -> None:
+        #: References known already (maps unchanged since their record).
+        self.refs: dict[TopicPartition, str] = {}
+        self.to_write: list[tuple[OffsetCommit, bytes]] = []
+        self.tombstones: list[TopicPartition] = []
+        self.producer: Any = None
+        #: Per record: None until its delivery report, then its offset or its error.
+        self.results: list[Any] = []
+        self.deadline = 0.0
+        # Delivery reports may be served on another thread (the transactional producer's).
+        self._lock = threading.Lock()
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.to_write or self.tombstones)
+
+    def report(self, index: int, error: Any, message: Any) -> None:
+        with self._lock:
+            self.results[index] = error if error is not None else message.offset()
+
+    def acknowledged(self) -> bool:
+        with self._lock:
+            return all(r is not None for r in self.results)
+
+    def offsets(self) -> list[int]:
+        """The offsets of the records written (raises SpillFailed if one failed)."""
+        with self._lock:
+            results = list(self.results)
+        for result in results:
+            if isinstance(result, KafkaError):
+                raise _failed(KafkaException(result))
+        return [int(r) for r in results[: len(self.to_write)]]
+
+
+class SpillStore:
+    """The side topic ``topic`` of group ``group``'s offset maps; owned by the poller thread.
+
+    The clients are made on first use from ``config`` (the consumer's settings) by the given
+    factories; ``max_metadata_bytes`` bounds a reference as it bounds a map."""
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        *,
+        group: str,
+        topic: str,
+        producer_factory: Callable[[dict[str, Any]], Any],
+        consumer_factory: Callable[[dict[str, Any]], Any],
+        admin_factory: Callable[[dict[str, Any]], Any],
+        name: str = "pc",
+    ) -> None:
+        self.topic = topic
+        self._group = group
+        self._config = dict(config)
+        self._producer_factory = producer_factory
+        self._consumer_factory = consumer_factory
+        self._admin_factory = admin_factory
+        self._name = name
+        self._producer: Any = None
+        self._reader: Any = None
+        self._topic_ready = False
+        #: Side topics the reader found to exist.
+        self._readable: set[str] = set()
+        #: Per partition: the (committed offset, map) last written and its reference.
+        self._written: dict[TopicPartition, tuple[int, str, str]] = {}
+        #: Partitions whose key may hold a map in the side topic (to tombstone once inline).
+        self._keys: set[TopicPartition] = set()
+        #: Side records written so far (statistics and tests).
+        self.records_written = 0
+        self.tombstones_written = 0
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def references(
+        self, commits: Sequence[OffsetCommit], producer: Any = None
+    ) -> dict[TopicPartition, str]:
+        """The reference to commit instead of each ``spill`` commit's map, after writing the
+        side records that changed (and the tombstones of partitions back inline) and waiting for
+        their acknowledgement. ``producer``: the transactional producer, whose open transaction
+        the records join (None: the store's own). Raises :class:`SpillFailed`."""
+        write = self.start(commits, producer)
+        refs = self.finish(write, block=True)
+        assert refs is not None
+        return refs
+
+    def start(self, commits: Sequence[OffsetCommit], producer: Any = None) -> SideWrite:
+        """Produce the side records (and tombstones) ``commits`` need, without waiting for
+        them: :meth:`finish` gives the references once they are acknowledged."""
+        write = SideWrite()
+        for commit in commits:
+            tp = commit.tp
+            if not commit.spill:
+                if tp in self._keys:
+                    write.tombstones.append(tp)
+                continue
+            last = self._written.get(tp)
+            if last is not None and last[:2] == (commit.offset, commit.metadata):
+                write.refs[tp] = last[2]  # unchanged since its record: no second record
+                continue
+            write.to_write.append((commit, side_value(commit.offset, commit.metadata)))
+        if not write.pending:
+            return write
+        self._ensure_topic()
+        records: list[tuple[bytes, bytes | None]] = [
+            (side_key(self._group, *c.tp), value) for c, value in write.to_write
+        ]
+        records += [(side_key(self._group, *tp), None) for tp in write.tombstones]
+        write.producer = producer or self._own_producer()
+        write.results = [None] * len(records)
+        write.deadline = time.monotonic() + SIDE_TIMEOUT
+        try:
+            for index, (key, value) in enumerate(records):
+                write.producer.produce(
+                    self.topic,
+                    value,
+                    key,
+                    partition=0,
+                    on_delivery=lambda e, m, i=index: write.report(i, e, m),
+                )
+            write.producer.poll(0)
+        except KafkaException as exc:
+            raise _failed(exc) from exc
+        except BufferError as exc:
+            raise SpillFailed(f"the offset map producer's queue is full: {exc}") from exc
+        return write
+
+    def finish(self, write: SideWrite, *, block: bool) -> dict[TopicPartition, str] | None:
+        """The references of ``write`` once its records are acknowledged; None while they are
+        not (``block``: wait for them, up to SIDE_TIMEOUT). Raises :class:`SpillFailed`."""
+        if write.pending:
+            producer = write.producer
+            try:
+                while not write.acknowledged():
+                    left = write.deadline - time.monotonic()
+                    if left <= 0:
+                        raise SpillFailed(
+                            f"no acknowledgement of the offset map records in {self.topic} "
+                            f"within {SIDE_TIMEOUT:.0f}s"
+                        )
+                    if not block:
+                        producer.poll(0)
+                        if not write.acknowledged():
+                            return None
+                        break
+                    producer.flush(min(1.0, left))
+            except KafkaException as exc:
+                raise _failed(exc) from exc
+            offsets = write.offsets()
+            for (commit, value), offset in zip(write.to_write, offsets, strict=False):
+                ref = format_reference(SpillReference(self.topic, 0, offset, checksum(value)))
+                self._written[commit.tp] = (commit.offset, commit.metadata, ref)
+                self._keys.add(commit.tp)
+                write.refs[commit.tp] = ref
+            for tp in write.tombstones:
+                self._keys.discard(tp)
+                self._written.pop(tp, None)
+            self.records_written += len(write.to_write)
+            self.tombstones_written += len(write.tombstones)
+            write.to_write, write.tombstones = [], []
+        return write.refs
+
+    def forget(self, tps: Sequence[TopicPartition] | None = None) -> None:
+        """Drop what was written for ``tps`` (revoked), or for every partition (a transaction
+        aborted: its records are aborted too, so nothing written may be referenced again)."""
+        if tps is None:
+            self._written.clear()
+            return
+        for tp in tps:
+            self._written.pop(tp, None)
+            self._keys.discard(tp)
+
+    def _own_producer(self) -> Any:
+        if self._producer is None:
+            settings = side_client_config(self._config)
+            settings.update({"enable.idempotence": True, "acks": "all", "linger.ms": 0})
+            said = _client_log(f"{self._name} offset-map producer", settings)
+            self._producer = self._producer_factory(said.configure(settings))
+        return self._producer
+
+    def _ensure_topic(self) -> None:
+        if self._topic_ready:
+            return
+        settings = side_client_config(self._config)
+        said = _client_log(f"{self._name} offset-map admin", settings)
+        try:
+            admin = self._admin_factory(said.configure(settings))
+            found = admin.list_topics(topic=self.topic, timeout=SIDE_TIMEOUT).topics.get(self.topic)
+            if found is None or found.error is not None:
+                futures = admin.create_topics(
+                    [NewTopic(self.topic, 1, config={"cleanup.policy": "compact"})],
+                    request_timeout=SIDE_TIMEOUT,
+                )
+                try:
+                    futures[self.topic].result(SIDE_TIMEOUT)
+                    log.info("created the offset map topic %s (cleanup.policy=compact)", self.topic)
+                except KafkaException as exc:
+                    if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                        raise
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            raise SpillFailed(
+                f"the offset map topic {self.topic!r} does not exist and could not be created "
+                f"({exc}): create it (1 partition, cleanup.policy=compact) or allow the consumer "
+                "to, name another with Options(offset_map_topic=...), or set "
+                "Options(spill_offset_maps=False) to throttle such partitions instead",
+                permanent=error is not None and error.code() in _PERMANENT,
+            ) from exc
+        self._topic_ready = True
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def resolve(self, tp: TopicPartition, committed: int, metadata: str) -> str | None:
+        """The map to restore ``tp`` from when its committed ``metadata`` is a reference (None
+        when it is not): the map fetched from the side topic, exactly as written, or ``""``
+        (replay from the committed offset, with a WARNING) when it cannot be had."""
+        try:
+            ref = parse_reference(metadata)
+        except OffsetDecodeError as exc:
+            return self._lost(tp, committed, str(exc))
+        if ref is None:
+            return None
+        self._keys.add(tp)  # whatever happens below, the key may hold a map: tombstone it later
+        try:
+            key, value = self._fetch(ref)
+            found = read_side_value(
+                ref, key, value, expected_key=side_key(self._group, *tp), committed_offset=committed
+            )
+        except (OffsetDecodeError, KafkaException) as exc:
+            return self._lost(tp, committed, str(exc))
+        log.info("%s[%d]: restored the offset map from %s", *tp, ref)
+        return found
+
+    def _lost(self, tp: TopicPartition, committed: int, why: str) -> str:
+        log.warning(
+            "%s[%d]: the offset map committed at offset %d is not in the side topic (%s); "
+            "replaying everything from that offset (finished records may run again)",
+            *tp,
+            committed,
+            why,
+        )
+        return ""
+
+    def _fetch(self, ref: SpillReference) -> tuple[bytes | None, bytes | None]:
+        """The key and value of the record at ``ref`` (read committed)."""
+        reader = self._own_reader()
+        if ref.topic not in self._readable:
+            # A deleted side topic answers at once here, rather than after READ_TIMEOUT below.
+            found = reader.list_topics(ref.topic, timeout=READ_TIMEOUT).topics.get(ref.topic)
+            if found is None or found.error is not None or ref.partition not in found.partitions:
+                raise OffsetDecodeError(f"{ref}: the side topic or partition does not exist")
+            self._readable.add(ref.topic)
+        reader.assign([KafkaTopicPartition(ref.topic, ref.partition, ref.offset)])
+        try:
+            deadline = time.monotonic() + READ_TIMEOUT
+            while time.monotonic() < deadline:
+                message = reader.poll(0.2)
+                if message is None:
+                    continue
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        raise OffsetDecodeError(f"{ref} is past the end of the side topic")
+                    raise KafkaException(error)
+                if message.offset() != ref.offset:
+                    raise OffsetDecodeError(
+                        f"{ref} is gone (compacted, aborted or deleted): the next record is at "
+                        f"{message.offset()}"
+                    )
+                return message.key(), message.value()
+            raise OffsetDecodeError(f"{ref} could not be read within {READ_TIMEOUT:.0f}s")
+        finally:
+            reader.unassign()
+
+    def _own_reader(self) -> Any:
+        if self._reader is None:
+            settings = side_client_config(self._config)
+            settings.update(
+                {
+                    "group.id": f"{self._group}.pc-offsets-reader",
+                    "enable.auto.commit": False,
+                    "enable.partition.eof": True,
+                    "isolation.level": "read_committed",
+                    # A reference past the log's start or end is an error, never a reset.
+                    "auto.offset.reset": "error",
+                }
+            )
+            said = _client_log(f"{self._name} offset-map reader", settings)
+            self._reader = self._consumer_factory(said.configure(settings))
+        return self._reader
+
+    def close(self) -> None:
+        """Close the clients (on the poller thread, as it stops)."""
+        if self._producer is not None:
+            self._producer.flush(SIDE_TIMEOUT)
+            self._producer = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<SpillStore {self.topic} spilled={len(self._keys)} written={self.records_written} "
+            f"tombstones={self.tombstones_written}>"
+        )
+
+
+def spill_store_for(
+    options: Options,
+    config: Mapping[str, Any],
+    *,
+    producer_factory: Callable[[dict[str, Any]], Any],
+    consumer_factory: Callable[[dict[str, Any]], Any],
+    admin_factory: Callable[[dict[str, Any]], Any],
+    name: str,
+) -> SpillStore | None:
+    """The side topic store ``options`` ask for (None when maps never spill)."""
+    if not options.spill_offset_maps:
+        return None
+    group = str(config["group.id"])
+    return SpillStore(
+        config,
+        group=group,
+        topic=options.offset_map_topic or default_spill_topic(group),
+        producer_factory=producer_factory,
+        consumer_factory=consumer_factory,
+        admin_factory=admin_factory,
+        name=name,
+    )
+
+
+def _client_log(client: str, settings: Mapping[str, Any]) -> ClientLog:
+    servers = str(settings.get("bootstrap.servers"))
+    return ClientLog(client, servers, reports_health=False)
+
+
+def _failed(exc: KafkaException) -> SpillFailed:
+    error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    permanent = error is not None and error.code() in _PERMANENT
+    reason = f"writing the offset map to the side topic failed: {exc}"
+    return SpillFailed(reason, permanent=permanent)
