@@ -237,16 +237,21 @@ class LocalCluster:
         node.process.stop(self._stop_timeout)
         node.process = None
 
-    def start_broker(self, broker: int) -> float:
-        """Start a stopped or killed broker again on its ports with its data; return the
-        seconds until it answered and the cluster's metadata listed it."""
-        node = self._node(broker)
-        if node.process is not None:
-            raise LocalKafkaError(f"broker {broker} is already running")
+    def start_broker(self, *brokers: int) -> float:
+        """Start stopped or killed brokers again on their ports with their data, side by side
+        (a whole cluster that was down needs a majority of its quorum at once); return the
+        seconds until each answered and the cluster's metadata listed it."""
+        nodes = [self._node(broker) for broker in brokers]
+        for node in nodes:
+            if node.process is not None:
+                raise LocalKafkaError(f"broker {node.index} is already running")
         began = time.monotonic()
-        self._launch(node)
-        self._wait_answering(node)
-        self._wait_registered(node)
+        for node in nodes:
+            self._launch(node)
+        for node in nodes:
+            self._wait_answering(node)
+        for node in nodes:
+            self._wait_registered(node)
         return time.monotonic() - began
 
     def stop(self) -> None:

@@ -296,10 +296,10 @@ class LocalKafka:
         """Stop broker ``broker`` of a cluster cleanly (SIGTERM: its leaders move first)."""
         self._require_cluster().stop_broker(broker)
 
-    def start_broker(self, broker: int) -> float:
-        """Start a stopped or killed broker of a cluster again, with its data; the seconds it
-        took until the cluster listed it."""
-        return self._require_cluster().start_broker(broker)
+    def start_broker(self, *brokers: int) -> float:
+        """Start stopped or killed brokers of a cluster again (together), with their data; the
+        seconds it took until the cluster listed them."""
+        return self._require_cluster().start_broker(*brokers)
 
     def leader_of(self, topic: str, partition: int) -> int:
         """The broker (0-based) leading ``topic[partition]`` now."""
