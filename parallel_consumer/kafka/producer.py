@@ -38,6 +38,12 @@ log = logging.getLogger("parallel_consumer")
 TRANSACTION_TIMEOUT = 30.0
 #: How often a commit that failed with a retriable error is tried again before aborting.
 COMMIT_ATTEMPTS = 3
+#: How often in a row the transactional producer is re-initialised (see Outputs.renew) without
+#: a transaction committing in between before the consumer stops for good.
+RENEWALS = 5
+#: How often a re-initialisation's ``init_transactions`` is tried while it fails retriably
+#: (the coordinator is moving or loading its state).
+INIT_ATTEMPTS = 4
 #: How long close() waits for outputs still on their way.
 FLUSH_TIMEOUT = 10.0
 #: After waiting this long for room in the producer's queue, say so (once per output).
@@ -161,8 +167,18 @@ class Outputs:
         post: Callable[[ControllerEvent], None],
         transactional: bool,
         name: str = "pc",
+        renew: Callable[[], Any] | None = None,
+        transaction_timeout: float = 60.0,
     ) -> None:
+        """``renew`` makes a new producer with the same settings (the same
+        ``transactional.id``); ``transaction_timeout`` is its ``transaction.timeout.ms`` in
+        seconds. Both serve :meth:`_renew`."""
         self._producer = producer
+        self._renew_producer = renew
+        self._transaction_timeout = transaction_timeout
+        #: When the open transaction began (monotonic), and re-initialisations in a row.
+        self._began = 0.0
+        self._renewals = 0
         self._post = post
         self.transactional = transactional
         self._stopping = threading.Event()
@@ -185,8 +201,12 @@ class Outputs:
         with the same ``transactional.id`` and begin the first transaction (blocks)."""
         if self.transactional:
             self._producer.init_transactions(TRANSACTION_TIMEOUT)
-            self._producer.begin_transaction()
+            self._begin()
         self._thread.start()
+
+    def _begin(self) -> None:
+        self._producer.begin_transaction()
+        self._began = time.monotonic()
 
     # -- the controller thread ------------------------------------------------------------------
 
@@ -292,12 +312,16 @@ class Outputs:
         abortable error abort instead (and begin the next one)."""
         producer = self._producer
         error: KafkaError | None = None
-        for attempt in range(COMMIT_ATTEMPTS):
+        # A call that failed retriably (timed out) goes on in the client: it must be called
+        # again to finish (calling the next one instead fails with _CONFLICT).
+        offsets_sent = not offsets
+        for _ in range(COMMIT_ATTEMPTS):
             try:
-                if offsets and attempt == 0:
+                if not offsets_sent:
                     producer.send_offsets_to_transaction(
                         offsets, group_metadata, TRANSACTION_TIMEOUT
                     )
+                    offsets_sent = True
                 producer.commit_transaction(TRANSACTION_TIMEOUT)
             except KafkaException as exc:
                 error = _kafka_error(exc)
@@ -306,7 +330,8 @@ class Outputs:
                     continue
                 break
             else:
-                producer.begin_transaction()
+                self._renewals = 0
+                self._begin()
                 return TransactionOutcome.COMMITTED, ""
         return self._abort_after(error)
 
@@ -315,30 +340,74 @@ class Outputs:
     ) -> tuple[TransactionOutcome, str]:
         reason = reason or str(error)
         if error is not None and error.fatal():
-            return TransactionOutcome.FATAL, _fatal_reason(error)
+            return self._renew(error, reason)
         log.warning("aborting the transaction: %s", reason)
         try:
             self._producer.abort_transaction(TRANSACTION_TIMEOUT)
-            self._producer.begin_transaction()
+            self._begin()
         except KafkaException as exc:
-            abort_error = _kafka_error(exc)
-            if abort_error is not None and abort_error.fatal():
-                return TransactionOutcome.FATAL, _fatal_reason(abort_error)
-            return TransactionOutcome.FATAL, f"the transaction could not be aborted: {exc}"
+            return self._renew(_kafka_error(exc), f"{reason}; aborting failed too: {exc}")
         return TransactionOutcome.ABORTED, reason
+
+    def _renew(self, error: KafkaError | None, reason: str) -> tuple[TransactionOutcome, str]:
+        """The producer cannot go on with (or abort) its transaction: replace it with a new one
+        of the same ``transactional.id``, whose ``init_transactions`` aborts what the old one
+        left open. The outcome is then ABORTED: the caller rewinds and processes again.
+
+        That is how a transaction coordinator's failover is ridden out: the new coordinator
+        aborts a transaction older than ``transaction.timeout.ms`` and bumps the producer's
+        epoch, which the client reports as fenced or as a fatal error. A producer fenced while
+        its transaction is younger than that was fenced by another instance with the same id:
+        that stays fatal, as do :data:`RENEWALS` renewals in a row without a commit."""
+        fenced = error is not None and error.code() in _FENCED
+        age = time.monotonic() - self._began
+        if fenced and age < self._transaction_timeout:
+            assert error is not None
+            return TransactionOutcome.FATAL, _fatal_reason(error)
+        if self._renew_producer is None or self._renewals >= RENEWALS:
+            if error is not None and error.fatal():
+                return TransactionOutcome.FATAL, _fatal_reason(error)
+            return TransactionOutcome.FATAL, f"the transaction could not be aborted: {reason}"
+        self._renewals += 1
+        log.warning(
+            "re-initialising the transactional producer (%s; the transaction was open %.1fs); "
+            "its uncommitted outputs are dropped and their inputs processed again",
+            reason,
+            age,
+        )
+        _discard(self._producer)
+        producer = self._renew_producer()
+        for attempt in range(1, INIT_ATTEMPTS + 1):
+            try:
+                producer.init_transactions(TRANSACTION_TIMEOUT)
+                break
+            except KafkaException as exc:
+                init_error = _kafka_error(exc)
+                if attempt == INIT_ATTEMPTS or init_error is None or not init_error.retriable():
+                    return (
+                        TransactionOutcome.FATAL,
+                        f"the transactional producer could not be re-initialised: {exc}",
+                    )
+                log.info("re-initialising the producer failed (%s); trying again", init_error)
+        self._producer = producer
+        self._begin()
+        return TransactionOutcome.ABORTED, f"{reason}; the producer was re-initialised"
 
     # -- delivery reports and close -------------------------------------------------------------
 
     def _serve(self) -> None:
         """Serve delivery reports; post the calls they settled, as one event per round."""
-        poll = self._producer.poll
         settled = self._settled
         settled_runs = self._settled_runs
         post = self._post
         stopping = self._stopping
         while not stopping.is_set():
             try:
-                poll(0.05)
+                # (read each round: the poller thread may have renewed the producer)
+                producer = self._producer
+                if producer is None:
+                    return
+                producer.poll(0.05)
             except Exception as exc:
                 # A fatal producer error (fenced by a newer instance, ...): stop the consumer.
                 error = _kafka_error(exc) if isinstance(exc, KafkaException) else None
@@ -385,8 +454,21 @@ def _kafka_error(exc: KafkaException) -> KafkaError | None:
     return error if isinstance(error, KafkaError) else None
 
 
+_FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED})
+
+
+def _discard(producer: Any) -> None:
+    """Drop what a producer being replaced still holds: its outputs fail (their delivery
+    reports are served here), and its connections close when it is garbage collected."""
+    try:
+        producer.purge()
+        producer.poll(0)
+    except Exception:  # a fatal or half-broken client: nothing more to save
+        log.debug("purging the replaced producer failed", exc_info=True)
+
+
 def _fatal_reason(error: KafkaError) -> str:
-    if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED):
+    if error.code() in _FENCED:
         return (
             f"the transactional producer was fenced ({error}): another instance uses the same "
             "transactional.id; each instance needs its own (see docs/exactly-once.md)"
