@@ -276,10 +276,15 @@ class LocalCluster:
 
     def leader_of(self, topic: str, partition: int, *, timeout: float = 30.0) -> int:
         """The broker leading ``topic[partition]`` now (waits while it has none)."""
+        if not self._nodes:
+            raise LocalKafkaError("the cluster is not started")
         deadline = time.monotonic() + timeout
+        admin = self._admin()
         while True:
-            metadata = self._admin().list_topics(topic, timeout=max(0.5, timeout))
-            found = metadata.topics.get(topic)
+            try:
+                found = admin.list_topics(topic, timeout=1.0).topics.get(topic)
+            except Exception:  # KafkaException or a timeout: every broker busy or down
+                found = None
             if found is not None and found.error is None and partition in found.partitions:
                 leader = found.partitions[partition].leader
                 if leader > 0:
