@@ -170,9 +170,8 @@ class Outputs:
         renew: Callable[[], Any] | None = None,
         transaction_timeout: float = 60.0,
     ) -> None:
-        """``renew`` makes a new producer with the same settings (the same
-        ``transactional.id``); ``transaction_timeout`` is its ``transaction.timeout.ms`` in
-        seconds. Both serve :meth:`_renew`."""
+        """``renew`` makes a producer with the same settings, ``transaction_timeout`` is
+        their ``transaction.timeout.ms`` in seconds (see :meth:`_renew`)."""
         self._producer = producer
         self._renew_producer = renew
         self._transaction_timeout = transaction_timeout
@@ -233,6 +232,17 @@ class Outputs:
             self.pump()
         else:
             self._produce(delivery, 0, outputs)
+
+    def _fenced_by_another(self, error: KafkaError) -> bool:
+        """Fenced while the open transaction is younger than ``transaction.timeout.ms``: no
+        coordinator aborted it, so another producer with the same ``transactional.id`` did."""
+        age = time.monotonic() - self._began
+        return error.code() in _FENCED and age < self._transaction_timeout
+
+    @property
+    def _renews(self) -> bool:
+        """Transactional, with a way to renew the producer (see :meth:`_renew`)."""
+        return self.transactional and self._renew_producer is not None
 
     @property
     def backlog(self) -> bool:
@@ -359,11 +369,9 @@ class Outputs:
         epoch, which the client reports as fenced or as a fatal error. A producer fenced while
         its transaction is younger than that was fenced by another instance with the same id:
         that stays fatal, as do :data:`RENEWALS` renewals in a row without a commit."""
-        fenced = error is not None and error.code() in _FENCED
-        age = time.monotonic() - self._began
-        if fenced and age < self._transaction_timeout:
-            assert error is not None
+        if error is not None and self._fenced_by_another(error):
             return TransactionOutcome.FATAL, _fatal_reason(error)
+        age = time.monotonic() - self._began
         if self._renew_producer is None or self._renewals >= RENEWALS:
             if error is not None and error.fatal():
                 return TransactionOutcome.FATAL, _fatal_reason(error)
@@ -401,16 +409,32 @@ class Outputs:
         settled_runs = self._settled_runs
         post = self._post
         stopping = self._stopping
+        failed: Any = None
         while not stopping.is_set():
+            # (read each round: the poller thread may renew the producer)
+            producer = self._producer
+            if producer is None:
+                return
+            if producer is failed:
+                stopping.wait(0.05)
+                continue
             try:
-                # (read each round: the poller thread may have renewed the producer)
-                producer = self._producer
-                if producer is None:
-                    return
                 producer.poll(0.05)
             except Exception as exc:
-                # A fatal producer error (fenced by a newer instance, ...): stop the consumer.
                 error = _kafka_error(exc) if isinstance(exc, KafkaException) else None
+                if (
+                    error is not None
+                    and error.fatal()
+                    and self._renews
+                    and not self._fenced_by_another(error)
+                ):
+                    # The open transaction cannot commit: the poller's next commit or abort
+                    # fails too and renews the producer (or stops, if it was fenced by another
+                    # instance); serve the new one then.
+                    log.warning("the transactional producer failed: %s", error.str())
+                    failed = producer
+                    continue
+                # A fatal producer error that no renewal can cure: stop the consumer.
                 reason = (
                     _fatal_reason(error) if error is not None else f"the producer failed: {exc!r}"
                 )

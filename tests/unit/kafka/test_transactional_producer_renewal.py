@@ -5,6 +5,7 @@ by another instance with the same id still stops."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -161,3 +162,41 @@ def test_offsets_that_timed_out_are_sent_again_before_the_commit() -> None:
     # Then the offsets call is made again (to finish it) before the commit
     assert outcome is TransactionOutcome.COMMITTED
     assert producer.calls[-4:] == ["offsets", "offsets", "commit", "begin"]
+
+
+def test_a_fatal_error_on_the_delivery_thread_waits_for_the_renewal_instead_of_stopping() -> None:
+    # Given a producer whose client reports a fatal error that a renewal cures (the epoch bump
+    # after outputs timed out in a failover), on its delivery thread
+    class FailsOnPoll(StubProducer):
+        def poll(self, timeout: float = 0) -> int:
+            self.calls.append("poll")
+            raise KafkaException(
+                KafkaError(KafkaError.INVALID_TXN_STATE, "invalid state", fatal=True)
+            )
+
+    events: list[object] = []
+    old = FailsOnPoll(KafkaError(KafkaError.INVALID_TXN_STATE, "invalid state", fatal=True))
+    new = StubProducer()
+    new_polls: list[float] = []
+    new.poll = lambda timeout=0: new_polls.append(timeout) or 0  # type: ignore[method-assign]
+    outputs = Outputs(
+        old,
+        post=events.append,
+        transactional=True,
+        renew=lambda: new,
+        transaction_timeout=60.0,
+    )
+    outputs.start()
+    try:
+        deadline = time.monotonic() + 5
+        while old.calls.count("poll") < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # Then nothing stops the consumer; the poller's next commit renews the producer,
+        # and the delivery thread serves the new one
+        assert outputs.transact([], None)[0] is TransactionOutcome.ABORTED
+        while not new_polls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert new_polls
+        assert events == []
+    finally:
+        outputs.close(abort=True)
