@@ -321,17 +321,17 @@ class Outputs:
         """Add ``offsets`` to the open transaction, commit it, and begin the next one. On an
         abortable error abort instead (and begin the next one)."""
         producer = self._producer
+        if offsets:
+            try:
+                # Not longer than the transaction may live: past that it cannot commit anyway.
+                timeout = min(TRANSACTION_TIMEOUT, max(self._transaction_timeout, 5.0))
+                producer.send_offsets_to_transaction(offsets, group_metadata, timeout)
+            except KafkaException as exc:
+                # (a timeout too: the call goes on in the client, blocking all others)
+                return self._abort_after(_kafka_error(exc), f"sending the offsets failed: {exc}")
         error: KafkaError | None = None
-        # A call that failed retriably (timed out) goes on in the client: it must be called
-        # again to finish (calling the next one instead fails with _CONFLICT).
-        offsets_sent = not offsets
         for _ in range(COMMIT_ATTEMPTS):
             try:
-                if not offsets_sent:
-                    producer.send_offsets_to_transaction(
-                        offsets, group_metadata, TRANSACTION_TIMEOUT
-                    )
-                    offsets_sent = True
                 producer.commit_transaction(TRANSACTION_TIMEOUT)
             except KafkaException as exc:
                 error = _kafka_error(exc)

@@ -144,24 +144,25 @@ def test_a_renewal_whose_init_keeps_failing_retriably_stops_with_the_reason() ->
     assert never.calls.count("init") > 1
 
 
-def test_offsets_that_timed_out_are_sent_again_before_the_commit() -> None:
-    # Given sending the offsets times out once (retriable: the client goes on with it)
+def test_offsets_that_time_out_abort_the_transaction_and_a_blocked_abort_renews() -> None:
+    # Given sending the offsets times out, and the call goes on in the client, so that the
+    # abort fails with _CONFLICT (as librdkafka does)
     class SlowOffsets(StubProducer):
-        timeouts = 1
-
         def send_offsets_to_transaction(self, *args: Any) -> None:
             self.calls.append("offsets")
-            if self.timeouts:
-                self.timeouts -= 1
-                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "timed out", retriable=True))
+            self.abort_error = KafkaError(KafkaError._CONFLICT, "offsets call in progress")
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "timed out", retriable=True))
 
-    producer = SlowOffsets()
-    outputs = outputs_with(producer, [], transaction_timeout=60.0)
+    producer, new = SlowOffsets(), StubProducer()
+    outputs = outputs_with(producer, [new], transaction_timeout=10.0)
     # When the transaction commits with offsets
-    outcome, _ = outputs.transact(["an offset"], "group metadata")
-    # Then the offsets call is made again (to finish it) before the commit
-    assert outcome is TransactionOutcome.COMMITTED
-    assert producer.calls[-4:] == ["offsets", "offsets", "commit", "begin"]
+    outcome, reason = outputs.transact(["an offset"], "group metadata")
+    # Then it is not committed without them: aborted, through a new producer
+    assert outcome is TransactionOutcome.ABORTED
+    assert "sending the offsets failed" in reason
+    assert "commit" not in producer.calls
+    assert producer.calls[-3:] == ["offsets", "abort", "purge"]
+    assert new.calls == ["init", "begin"]
 
 
 def test_a_fatal_error_on_the_delivery_thread_waits_for_the_renewal_instead_of_stopping() -> None:
