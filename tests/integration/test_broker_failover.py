@@ -185,8 +185,19 @@ def test_a_killed_partition_leader_loses_nothing_and_keeps_key_order_with_output
     assert outputs.duplicates <= at_risk.bound
 
 
+@pytest.mark.parametrize(
+    "session_timeout",
+    [
+        pytest.param(45_000, id="session-45s"),
+        # A consumer session shorter than the broker's (9 s) is lost with the group's
+        # coordinator, and after that rejoin librdkafka 2.16's send_offsets_to_transaction can
+        # block far beyond its timeout (90-200 s seen) before failing fenced: not in CI. See
+        # docs/operations.md.
+        pytest.param(6_000, id="session-6s", marks=pytest.mark.stress),
+    ],
+)
 def test_exactly_once_rides_out_the_transaction_coordinator_and_a_leader_being_killed(
-    cluster: LocalKafka, started: list[ParallelConsumer]
+    cluster: LocalKafka, started: list[ParallelConsumer], session_timeout: int
 ) -> None:
     # Given inputs arriving and a transactional pipeline with the library's default settings
     # (its producers are watched, to learn its transactional.id and so its coordinator)
@@ -199,7 +210,7 @@ def test_exactly_once_rides_out_the_transaction_coordinator_and_a_leader_being_k
         return Producer(config)
 
     pc = ParallelConsumer(
-        consumer_config(cluster),
+        consumer_config(cluster, **{"session.timeout.ms": session_timeout}),
         Options(
             ordering=ProcessingOrder.KEY,
             max_concurrency=16,
