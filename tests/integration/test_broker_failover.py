@@ -126,6 +126,38 @@ def progress_by(pc: ParallelConsumer, count: int, measure: Any, what: str) -> No
     )
 
 
+def recording_consumer(
+    cluster: LocalKafka, source: str, started: list[ParallelConsumer]
+) -> tuple[ParallelConsumer, set[tuple[int, int]]]:
+    """An at-least-once consumer in KEY order of ``source``, and the inputs it processed."""
+    processed: set[tuple[int, int]] = set()
+    lock = threading.Lock()
+
+    def handle(ctx: PollContext) -> None:
+        with lock:
+            processed.add((ctx.partition, ctx.offset))
+
+    pc = ParallelConsumer(
+        consumer_config(cluster), Options(ordering=ProcessingOrder.KEY, max_concurrency=16)
+    )
+    started.append(pc)
+    pc.subscribe(source)
+    pc.poll(handle)
+    return pc, processed
+
+
+def all_committed(cluster: LocalKafka, pc: ParallelConsumer, source: str) -> dict[int, int]:
+    """Wait until ``pc`` committed every input of ``source``; the end offsets."""
+    ends = end_offsets(cluster.bootstrap_servers, source, PARTITIONS)
+    wait_until(
+        lambda: committed_in_engine(pc.statistics(), ends),
+        timeout=90,
+        what="every input committed",
+        show=pc.statistics,
+    )
+    return ends
+
+
 def test_a_killed_partition_leader_loses_nothing_and_keeps_key_order_with_outputs(
     cluster: LocalKafka, started: list[ParallelConsumer]
 ) -> None:
@@ -259,19 +291,7 @@ def test_a_rolling_restart_neither_stalls_nor_loses_and_health_recovers(
     # Given inputs arriving and an at-least-once consumer
     source, _ = topics(cluster, "rolling")
     feeder = Feeder(cluster.bootstrap_servers, source, rate=300)
-    processed: set[tuple[int, int]] = set()
-    lock = threading.Lock()
-
-    def handle(ctx: PollContext) -> None:
-        with lock:
-            processed.add((ctx.partition, ctx.offset))
-
-    pc = ParallelConsumer(
-        consumer_config(cluster), Options(ordering=ProcessingOrder.KEY, max_concurrency=16)
-    )
-    started.append(pc)
-    pc.subscribe(source)
-    pc.poll(handle)
+    pc, processed = recording_consumer(cluster, source, started)
     progress_by(pc, 300, succeeded, "records before the restarts")
 
     # When every broker is stopped cleanly and started again, one at a time
@@ -310,13 +330,7 @@ def test_a_rolling_restart_neither_stalls_nor_loses_and_health_recovers(
 
     # Then nothing is lost, processing never stopped for longer than the client's reconnect
     # bound, health() never reported a failure, and it is healthy at the end
-    ends = end_offsets(cluster.bootstrap_servers, source, PARTITIONS)
-    wait_until(
-        lambda: committed_in_engine(pc.statistics(), ends),
-        timeout=90,
-        what="every input committed",
-        show=pc.statistics,
-    )
+    ends = all_committed(cluster, pc, source)
     wait_until(lambda: pc.health().healthy, timeout=30, what="healthy", show=pc.health)
     assert pc.failure is None
     unhealthy = [r.reasons for r in reports if not r.healthy]
@@ -339,19 +353,7 @@ def test_the_whole_cluster_down_for_30_s_neither_stops_the_consumer_nor_loses_a_
     # Given inputs arriving and an at-least-once consumer
     source, _ = topics(cluster, "cluster-down")
     feeder = Feeder(cluster.bootstrap_servers, source, rate=300)
-    processed: set[tuple[int, int]] = set()
-    lock = threading.Lock()
-
-    def handle(ctx: PollContext) -> None:
-        with lock:
-            processed.add((ctx.partition, ctx.offset))
-
-    pc = ParallelConsumer(
-        consumer_config(cluster), Options(ordering=ProcessingOrder.KEY, max_concurrency=16)
-    )
-    started.append(pc)
-    pc.subscribe(source)
-    pc.poll(handle)
+    pc, processed = recording_consumer(cluster, source, started)
     progress_by(pc, 300, succeeded, "records before the outage")
 
     # When every broker is SIGKILLed and the cluster stays down for 30 s
@@ -377,13 +379,7 @@ def test_the_whole_cluster_down_for_30_s_neither_stops_the_consumer_nor_loses_a_
     wait_until(lambda: pc.health().healthy, timeout=60, what="healthy again", show=pc.health)
     healthy_after = time.monotonic() - back_at
     total = feeder.stop()
-    ends = end_offsets(cluster.bootstrap_servers, source, PARTITIONS)
-    wait_until(
-        lambda: committed_in_engine(pc.statistics(), ends),
-        timeout=90,
-        what="every input committed",
-        show=pc.statistics,
-    )
+    ends = all_committed(cluster, pc, source)
     assert pc.failure is None
     pc.close()
     print(f"{total} inputs; healthy {healthy_after:.1f}s after the cluster was back")
