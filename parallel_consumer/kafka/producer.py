@@ -27,6 +27,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 
 from parallel_consumer._events import ControllerEvent, OutputsDelivered, ProducerFailed
+from parallel_consumer.kafka.bounded_call import CallStuck, call_within
 from parallel_consumer.produce import ProduceError, ProducerRecord
 from parallel_consumer.work.runs import drain_left
 
@@ -38,12 +39,13 @@ log = logging.getLogger("parallel_consumer")
 TRANSACTION_TIMEOUT = 30.0
 #: How often a commit that failed with a retriable error is tried again before aborting.
 COMMIT_ATTEMPTS = 3
-#: How often in a row the transactional producer is re-initialised (see Outputs.renew) without
-#: a transaction committing in between before the consumer stops for good.
+#: Renewals of the transactional producer in a row, no commit between, before it is fatal.
 RENEWALS = 5
 #: How often a re-initialisation's ``init_transactions`` is tried while it fails retriably
 #: (the coordinator is moving or loading its state).
 INIT_ATTEMPTS = 4
+#: Seconds past its own timeout a transactional call may block before the producer is renewed.
+STUCK_AFTER = 5.0
 #: How long close() waits for outputs still on their way.
 FLUSH_TIMEOUT = 10.0
 #: After waiting this long for room in the producer's queue, say so (once per output).
@@ -173,6 +175,7 @@ class Outputs:
         """``renew`` makes a producer with the same settings, ``transaction_timeout`` is
         their ``transaction.timeout.ms`` in seconds (see :meth:`_renew`)."""
         self._producer = producer
+        self._name = name
         self._renew_producer = renew
         self._transaction_timeout = transaction_timeout
         #: When the open transaction began (monotonic), and re-initialisations in a row.
@@ -234,8 +237,7 @@ class Outputs:
             self._produce(delivery, 0, outputs)
 
     def _fenced_by_another(self, error: KafkaError) -> bool:
-        """Fenced while the open transaction is younger than ``transaction.timeout.ms``: no
-        coordinator aborted it, so another producer with the same ``transactional.id`` did."""
+        """Fenced with the transaction younger than its timeout: no coordinator did it."""
         age = time.monotonic() - self._began
         return error.code() in _FENCED and age < self._transaction_timeout
 
@@ -322,10 +324,16 @@ class Outputs:
         abortable error abort instead (and begin the next one)."""
         producer = self._producer
         if offsets:
+            # Not longer than the transaction may live: past that it cannot commit anyway.
+            timeout = min(TRANSACTION_TIMEOUT, max(self._transaction_timeout, 5.0))
             try:
-                # Not longer than the transaction may live: past that it cannot commit anyway.
-                timeout = min(TRANSACTION_TIMEOUT, max(self._transaction_timeout, 5.0))
-                producer.send_offsets_to_transaction(offsets, group_metadata, timeout)
+                call_within(
+                    partial(producer.send_offsets_to_transaction, offsets, group_metadata, timeout),
+                    timeout + STUCK_AFTER,
+                    name=f"{self._name}-send-offsets",
+                )
+            except CallStuck as exc:
+                return self._renew(None, str(exc))
             except KafkaException as exc:
                 # (a timeout too: the call goes on in the client, blocking all others)
                 return self._abort_after(_kafka_error(exc), f"sending the offsets failed: {exc}")
@@ -360,15 +368,11 @@ class Outputs:
         return TransactionOutcome.ABORTED, reason
 
     def _renew(self, error: KafkaError | None, reason: str) -> tuple[TransactionOutcome, str]:
-        """The producer cannot go on with (or abort) its transaction: replace it with a new one
-        of the same ``transactional.id``, whose ``init_transactions`` aborts what the old one
-        left open. The outcome is then ABORTED: the caller rewinds and processes again.
-
-        That is how a transaction coordinator's failover is ridden out: the new coordinator
-        aborts a transaction older than ``transaction.timeout.ms`` and bumps the producer's
-        epoch, which the client reports as fenced or as a fatal error. A producer fenced while
-        its transaction is younger than that was fenced by another instance with the same id:
-        that stays fatal, as do :data:`RENEWALS` renewals in a row without a commit."""
+        """Replace a producer that cannot go on with (or abort) its transaction by a new one of
+        the same ``transactional.id`` (its ``init_transactions`` aborts what was left open);
+        ABORTED then: the caller rewinds. A coordinator failover aborts transactions older than
+        ``transaction.timeout.ms`` and bumps the epoch (reported as fenced or fatal). Fenced by
+        another instance, or RENEWALS renewals in a row without a commit, stay FATAL."""
         if error is not None and self._fenced_by_another(error):
             return TransactionOutcome.FATAL, _fatal_reason(error)
         age = time.monotonic() - self._began
@@ -411,8 +415,7 @@ class Outputs:
         stopping = self._stopping
         failed: Any = None
         while not stopping.is_set():
-            # (read each round: the poller thread may renew the producer)
-            producer = self._producer
+            producer = self._producer  # (each round: the poller may renew it)
             if producer is None:
                 return
             if producer is failed:
@@ -428,9 +431,7 @@ class Outputs:
                     and self._renews
                     and not self._fenced_by_another(error)
                 ):
-                    # The open transaction cannot commit: the poller's next commit or abort
-                    # fails too and renews the producer (or stops, if it was fenced by another
-                    # instance); serve the new one then.
+                    # The poller's next commit or abort fails too and renews the producer.
                     log.warning("the transactional producer failed: %s", error.str())
                     failed = producer
                     continue
@@ -482,8 +483,7 @@ _FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED})
 
 
 def _discard(producer: Any) -> None:
-    """Drop what a producer being replaced still holds: its outputs fail (their delivery
-    reports are served here), and its connections close when it is garbage collected."""
+    """Fail the outputs a replaced producer still holds (their reports are served here)."""
     try:
         producer.purge()
         producer.poll(0)

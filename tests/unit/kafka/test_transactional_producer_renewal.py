@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from parallel_consumer.kafka.producer import RENEWALS, Outputs, TransactionOutcome
@@ -201,3 +202,34 @@ def test_a_fatal_error_on_the_delivery_thread_waits_for_the_renewal_instead_of_s
         assert events == []
     finally:
         outputs.close(abort=True)
+
+
+def test_offsets_whose_call_blocks_past_its_deadline_renew_the_producer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a client whose send_offsets_to_transaction blocks far past its timeout (seen after
+    # a group coordinator moved)
+    import threading
+
+    from parallel_consumer.kafka import producer as producer_module
+
+    monkeypatch.setattr(producer_module, "STUCK_AFTER", 0.1)
+    release = threading.Event()
+
+    class Blocks(StubProducer):
+        def send_offsets_to_transaction(self, *args: Any) -> None:
+            self.calls.append("offsets")
+            release.wait(10)
+
+    blocked, new = Blocks(), StubProducer()
+    outputs = outputs_with(blocked, [new], transaction_timeout=0.0)
+    try:
+        started = time.monotonic()
+        outcome, reason = outputs.transact(["an offset"], "group metadata")
+        # Then the wait ends at its deadline, and the producer is renewed
+        assert time.monotonic() - started < 9
+        assert outcome is TransactionOutcome.ABORTED
+        assert "did not return" in reason
+        assert new.calls == ["init", "begin"]
+    finally:
+        release.set()
