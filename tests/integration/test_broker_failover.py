@@ -222,9 +222,8 @@ def test_a_killed_partition_leader_loses_nothing_and_keeps_key_order_with_output
     [
         pytest.param(45_000, id="session-45s"),
         # A consumer session shorter than the broker's (9 s) is lost with the group's
-        # coordinator, and after that rejoin librdkafka 2.16's send_offsets_to_transaction can
-        # block far beyond its timeout (90-200 s seen) before failing fenced: not in CI. See
-        # docs/operations.md.
+        # coordinator too: a rebalance on top (where send_offsets_to_transaction was first seen
+        # to block for minutes). Another 70-80 s: a stress test.
         pytest.param(6_000, id="session-6s", marks=pytest.mark.stress),
     ],
 )
