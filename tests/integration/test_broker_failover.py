@@ -223,7 +223,7 @@ def test_a_killed_partition_leader_loses_nothing_and_keeps_key_order_with_output
         pytest.param(45_000, id="session-45s"),
         # A consumer session shorter than the broker's (9 s) is lost with the group's
         # coordinator too: a rebalance on top (where send_offsets_to_transaction was first seen
-        # to block for minutes). Another 70-80 s: a stress test.
+        # to block for minutes). Another minute or so: a stress test.
         pytest.param(6_000, id="session-6s", marks=pytest.mark.stress),
     ],
 )
