@@ -324,6 +324,8 @@ class ParallelConsumer:
             post=self._post,
             transactional=self._options.transactional,
             name=self._name,
+            renew=lambda: self._producer_factory(config),
+            transaction_timeout=float(config.get("transaction.timeout.ms", 60_000)) / 1000,
         )
         try:
             outputs.start()

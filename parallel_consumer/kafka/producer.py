@@ -29,6 +29,7 @@ from confluent_kafka import KafkaError, KafkaException
 from parallel_consumer._events import ControllerEvent, OutputsDelivered, ProducerFailed
 from parallel_consumer.errors import AccessDenied
 from parallel_consumer.kafka.access import is_refusal, what_to_grant
+from parallel_consumer.kafka.bounded_call import CallStuck, call_within
 from parallel_consumer.produce import ProduceError, ProducerRecord
 from parallel_consumer.work.runs import drain_left
 
@@ -40,6 +41,13 @@ log = logging.getLogger("parallel_consumer")
 TRANSACTION_TIMEOUT = 30.0
 #: How often a commit that failed with a retriable error is tried again before aborting.
 COMMIT_ATTEMPTS = 3
+#: Renewals of the transactional producer in a row, no commit between, before it is fatal.
+RENEWALS = 5
+#: How often a re-initialisation's ``init_transactions`` is tried while it fails retriably
+#: (the coordinator is moving or loading its state).
+INIT_ATTEMPTS = 4
+#: Seconds past its own timeout a transactional call may block before the producer is renewed.
+STUCK_AFTER = 5.0
 #: How long close() waits for outputs still on their way.
 FLUSH_TIMEOUT = 10.0
 #: Seconds between metadata requests for topics the brokers refused a write on.
@@ -177,8 +185,18 @@ class Outputs:
         post: Callable[[ControllerEvent], None],
         transactional: bool,
         name: str = "pc",
+        renew: Callable[[], Any] | None = None,
+        transaction_timeout: float = 60.0,
     ) -> None:
+        """``renew`` makes a producer with the same settings, ``transaction_timeout`` is
+        their ``transaction.timeout.ms`` in seconds (see :meth:`_renew`)."""
         self._producer = producer
+        self._name = name
+        self._renew_producer = renew
+        self._transaction_timeout = transaction_timeout
+        #: When the open transaction began (monotonic), and re-initialisations in a row.
+        self._began = 0.0
+        self._renewals = 0
         self._post = post
         self.transactional = transactional
         self._stopping = threading.Event()
@@ -206,8 +224,12 @@ class Outputs:
         with the same ``transactional.id`` and begin the first transaction (blocks)."""
         if self.transactional:
             self._producer.init_transactions(TRANSACTION_TIMEOUT)
-            self._producer.begin_transaction()
+            self._begin()
         self._thread.start()
+
+    def _begin(self) -> None:
+        self._producer.begin_transaction()
+        self._began = time.monotonic()
 
     # -- the controller thread ------------------------------------------------------------------
 
@@ -234,6 +256,16 @@ class Outputs:
             self.pump()
         else:
             self._produce(delivery, 0, outputs)
+
+    def _fenced_by_another(self, error: KafkaError) -> bool:
+        """Fenced with the transaction younger than its timeout: no coordinator did it."""
+        age = time.monotonic() - self._began
+        return error.code() in _FENCED and age < self._transaction_timeout
+
+    @property
+    def _renews(self) -> bool:
+        """Transactional, with a way to renew the producer (see :meth:`_renew`)."""
+        return self.transactional and self._renew_producer is not None
 
     @property
     def backlog(self) -> bool:
@@ -325,11 +357,23 @@ class Outputs:
         it, and begin the next one. On an abortable error abort instead (and begin the next
         one)."""
         producer = self._producer
-        error: KafkaError | None = None
-        for attempt in range(COMMIT_ATTEMPTS):
+        if send_offsets is not None:
+            # Not longer than the transaction may live: past that it cannot commit anyway.
+            timeout = min(TRANSACTION_TIMEOUT, max(self._transaction_timeout, 5.0))
             try:
-                if send_offsets is not None and attempt == 0:
-                    send_offsets(producer, TRANSACTION_TIMEOUT)
+                call_within(
+                    partial(send_offsets, producer, timeout),
+                    timeout + STUCK_AFTER,
+                    name=f"{self._name}-send-offsets",
+                )
+            except CallStuck as exc:
+                return self._renew(None, str(exc))
+            except KafkaException as exc:
+                # (a timeout too: the call goes on in the client, blocking all others)
+                return self._abort_after(_kafka_error(exc), f"sending the offsets failed: {exc}")
+        error: KafkaError | None = None
+        for _ in range(COMMIT_ATTEMPTS):
+            try:
                 producer.commit_transaction(TRANSACTION_TIMEOUT)
             except KafkaException as exc:
                 error = _kafka_error(exc)
@@ -338,7 +382,8 @@ class Outputs:
                     continue
                 break
             else:
-                producer.begin_transaction()
+                self._renewals = 0
+                self._begin()
                 return TransactionOutcome.COMMITTED, ""
         return self._abort_after(error)
 
@@ -347,33 +392,84 @@ class Outputs:
     ) -> tuple[TransactionOutcome, str]:
         reason = reason or str(error)
         if error is not None and error.fatal():
-            return TransactionOutcome.FATAL, _fatal_reason(error)
+            return self._renew(error, reason)
         log.warning("aborting the transaction: %s", reason)
         try:
             self._producer.abort_transaction(TRANSACTION_TIMEOUT)
-            self._producer.begin_transaction()
+            self._begin()
         except KafkaException as exc:
-            abort_error = _kafka_error(exc)
-            if abort_error is not None and abort_error.fatal():
-                return TransactionOutcome.FATAL, _fatal_reason(abort_error)
-            return TransactionOutcome.FATAL, f"the transaction could not be aborted: {exc}"
+            return self._renew(_kafka_error(exc), f"{reason}; aborting failed too: {exc}")
         return TransactionOutcome.ABORTED, reason
+
+    def _renew(self, error: KafkaError | None, reason: str) -> tuple[TransactionOutcome, str]:
+        """Replace a producer that cannot go on with (or abort) its transaction by a new one of
+        the same ``transactional.id`` (its ``init_transactions`` aborts what was left open);
+        ABORTED then: the caller rewinds. A coordinator failover aborts transactions older than
+        ``transaction.timeout.ms`` and bumps the epoch (reported as fenced or fatal). Fenced by
+        another instance, or RENEWALS renewals in a row without a commit, stay FATAL."""
+        if error is not None and self._fenced_by_another(error):
+            return TransactionOutcome.FATAL, _fatal_reason(error)
+        age = time.monotonic() - self._began
+        if self._renew_producer is None or self._renewals >= RENEWALS:
+            if error is not None and error.fatal():
+                return TransactionOutcome.FATAL, _fatal_reason(error)
+            return TransactionOutcome.FATAL, f"the transaction could not be aborted: {reason}"
+        self._renewals += 1
+        log.warning(
+            "re-initialising the transactional producer (%s; the transaction was open %.1fs); "
+            "its uncommitted outputs are dropped and their inputs processed again",
+            reason,
+            age,
+        )
+        _discard(self._producer)
+        producer = self._renew_producer()
+        for attempt in range(1, INIT_ATTEMPTS + 1):
+            try:
+                producer.init_transactions(TRANSACTION_TIMEOUT)
+                break
+            except KafkaException as exc:
+                init_error = _kafka_error(exc)
+                if attempt == INIT_ATTEMPTS or init_error is None or not init_error.retriable():
+                    return (
+                        TransactionOutcome.FATAL,
+                        f"the transactional producer could not be re-initialised: {exc}",
+                    )
+                log.info("re-initialising the producer failed (%s); trying again", init_error)
+        self._producer = producer
+        self._begin()
+        return TransactionOutcome.ABORTED, f"{reason}; the producer was re-initialised"
 
     # -- delivery reports and close -------------------------------------------------------------
 
     def _serve(self) -> None:
         """Serve delivery reports; post the calls they settled, as one event per round."""
-        poll = self._producer.poll
         settled = self._settled
         settled_runs = self._settled_runs
         post = self._post
         stopping = self._stopping
+        failed: Any = None
         while not stopping.is_set():
+            producer = self._producer  # (each round: the poller may renew it)
+            if producer is None:
+                return
+            if producer is failed:
+                stopping.wait(0.05)
+                continue
             try:
-                poll(0.05)
+                producer.poll(0.05)
             except Exception as exc:
-                # A fatal producer error (fenced by a newer instance, ...): stop the consumer.
                 error = _kafka_error(exc) if isinstance(exc, KafkaException) else None
+                if (
+                    error is not None
+                    and error.fatal()
+                    and self._renews
+                    and not self._fenced_by_another(error)
+                ):
+                    # The poller's next commit or abort fails too and renews the producer.
+                    log.warning("the transactional producer failed: %s", error.str())
+                    failed = producer
+                    continue
+                # A fatal producer error that no renewal can cure: stop the consumer.
                 reason = (
                     _fatal_reason(error) if error is not None else f"the producer failed: {exc!r}"
                 )
@@ -432,8 +528,20 @@ def _kafka_error(exc: KafkaException) -> KafkaError | None:
     return error if isinstance(error, KafkaError) else None
 
 
+_FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED})
+
+
+def _discard(producer: Any) -> None:
+    """Fail the outputs a replaced producer still holds (their reports are served here)."""
+    try:
+        producer.purge()
+        producer.poll(0)
+    except Exception:  # a fatal or half-broken client: nothing more to save
+        log.debug("purging the replaced producer failed", exc_info=True)
+
+
 def _fatal_reason(error: KafkaError) -> str:
-    if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED):
+    if error.code() in _FENCED:
         return (
             f"the transactional producer was fenced ({error}): another instance uses the same "
             "transactional.id; each instance needs its own (see docs/exactly-once.md)"

@@ -220,7 +220,15 @@ def format_command(
 
 
 def broker_command(
-    java: str, lib: Path, log4j: Path, config: Path, *, heap: str = "512m"
+    java: str,
+    lib: Path,
+    log4j: Path,
+    config: Path,
+    *,
+    heap: str = "512m",
+    jvm_options: Sequence[str] = (),
 ) -> list[str]:
-    """Run the broker (``kafka.Kafka``) with ``config``."""
-    return [*_java_argv(java, lib, log4j, heap, "kafka.Kafka"), str(config)]
+    """Run the broker (``kafka.Kafka``) with ``config``; ``jvm_options`` go before the class."""
+    argv = _java_argv(java, lib, log4j, heap, "kafka.Kafka")
+    argv[1:1] = jvm_options
+    return [*argv, str(config)]

@@ -183,6 +183,21 @@ class BrokerProcess:
             self._popen.wait()
         self._disarm()
 
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the broker if it still runs (no wait)."""
+        if self.owned and self._popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._popen.send_signal(signum)
+
+    def kill(self) -> None:
+        """SIGKILL the broker at once (a crash: no shutdown of its own) and reap it."""
+        if not self.owned:
+            self._forget_watchdog()
+            return
+        self.signal(signal.SIGKILL)
+        self._popen.wait()
+        self._disarm()
+
     def _disarm(self) -> None:
         """Tell the watchdog that the broker is stopped by its owner, and reap the watchdog."""
         with self._watchdog_lock:

@@ -142,9 +142,14 @@ class FakeProducer:
             self._reports.append((on_delivery, None, message))
 
     def fail_fatally(self, error: KafkaError) -> None:
-        """From now on ``poll`` raises ``error`` (as the client does after a fatal error, such
-        as being fenced by a newer producer with the same ``transactional.id``)."""
+        """From now on ``poll`` and the transactional calls raise ``error`` (as the client
+        does after a fatal error, such as being fenced by a newer producer with the same
+        ``transactional.id``)."""
         self._fatal = error
+
+    def _raise_if_fatal(self) -> None:
+        if self._fatal is not None:
+            raise KafkaException(self._fatal)
 
     def poll(self, timeout: float = -1) -> int:
         if self._fatal is not None:
@@ -174,9 +179,11 @@ class FakeProducer:
     def send_offsets_to_transaction(
         self, positions: list[TopicPartition], group_metadata: Any, timeout: float = -1
     ) -> None:
+        self._raise_if_fatal()
         self._offsets.append((str(group_metadata), list(positions)))
 
     def commit_transaction(self, timeout: float = -1) -> None:
+        self._raise_if_fatal()
         if self._fail_commits:
             raise KafkaException(self._fail_commits.pop(0))
         self.flush()
@@ -196,6 +203,7 @@ class FakeProducer:
         self.commits += 1
 
     def abort_transaction(self, timeout: float = -1) -> None:
+        self._raise_if_fatal()
         with self._lock:
             self.aborted_transactions.append(self.open_outputs)
             self.open_outputs = []

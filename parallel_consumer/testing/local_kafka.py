@@ -44,6 +44,7 @@ from parallel_consumer.testing._capabilities import (
     TANSU_CAPABILITIES,
     Capabilities,
 )
+from parallel_consumer.testing._cluster import CLUSTER_HEAP, LocalCluster
 from parallel_consumer.testing._security import ADMIN_USER, BrokerSecurity, SecurityMode
 from parallel_consumer.testing._tansu import find_tansu, tansu_command
 
@@ -107,8 +108,9 @@ class LocalKafka:
         broker_config: Mapping[str, str] | None = None,
         start_timeout: float = 120.0,
         stop_timeout: float = 30.0,
-        heap: str = "512m",
+        heap: str | None = None,
         security: SecurityMode | None = None,
+        brokers: int = 1,
     ) -> None:
         """Configure (but do not start) a broker.
 
@@ -119,6 +121,13 @@ class LocalKafka:
         ``"sasl_ssl"``, ``"sasl_plaintext"`` or ``"ssl"`` (mTLS) serve clients on that listener
         only, with SCRAM-SHA-512 users and/or a CA made at start, and ACLs enforced; see
         :meth:`client_config`, :meth:`add_user`, :meth:`grant` and docs/operations.md.
+        wait for a clean shutdown before the process is killed. ``heap`` is each JVM's
+        ``-Xmx`` (512m for one broker, 384m each in a cluster).
+
+        ``brokers=3`` (apache only) starts a cluster instead: three KRaft nodes forming one
+        controller quorum, topics with replication factor 3 and ``min.insync.replicas=2`` by
+        default; :meth:`kill_broker`, :meth:`stop_broker`, :meth:`start_broker` and
+        :meth:`leader_of` act on it (see docs/local-kafka.md).
         """
         self._backend: BackendName = choose_backend(backend)
         self._version = version
@@ -130,11 +139,25 @@ class LocalKafka:
             )
         self._start_timeout = start_timeout
         self._stop_timeout = stop_timeout
-        self._heap = heap
+        self._heap = heap or "512m"
         if security is not None and self._backend != "apache":
             raise LocalKafkaError("security needs backend='apache'")
+        if security is not None and brokers != 1:
+            raise LocalKafkaError("security is offered on a single broker only (brokers=1)")
         self._security_mode = security
         self._security: BrokerSecurity | None = None
+        self._cluster: LocalCluster | None = None
+        if brokers != 1:
+            if self._backend != "apache" or port is not None:
+                raise LocalKafkaError("brokers > 1 needs backend='apache' and port=None")
+            self._cluster = LocalCluster(
+                brokers,
+                version=version,
+                broker_config=self._broker_config,
+                start_timeout=start_timeout,
+                stop_timeout=stop_timeout,
+                heap=heap or CLUSTER_HEAP,
+            )
         self._lock = threading.Lock()
         self._process: BrokerProcess | None = None
         self._workdir: Path | None = None
@@ -162,23 +185,34 @@ class LocalKafka:
 
     @property
     def bootstrap_servers(self) -> str:
-        """``127.0.0.1:<port>``; available once started."""
+        """``127.0.0.1:<port>`` (a cluster: every broker's, comma-separated); available once
+        started."""
+        if self._cluster is not None and self._cluster.started:
+            return self._cluster.bootstrap_servers
         if self._port is None:
             raise LocalKafkaError("LocalKafka is not started: call start() or use `with`")
         return f"127.0.0.1:{self._port}"
 
     @property
     def log_path(self) -> Path | None:
-        """The broker's log file (``None`` before the first start)."""
+        """The broker's log file (``None`` before the first start; broker 0's in a
+        cluster)."""
+        if self._cluster is not None:
+            return self._cluster.log_path(0) if self._cluster.started else None
         return None if self._workdir is None else self._workdir / "broker.log"
 
     @property
     def running(self) -> bool:
-        """Whether the broker process is alive."""
+        """Whether the broker process is alive (a cluster: any of its brokers)."""
+        if self._cluster is not None:
+            return self._cluster.started and self._cluster.any_running()
         process = self._process
         return process is not None and process.exit_code() is None
 
     def __repr__(self) -> str:
+        if self._cluster is not None:
+            state = f"at {self.bootstrap_servers}" if self._cluster.started else "stopped"
+            return f"<LocalKafka apache {self.version} {self._cluster.size} brokers {state}>"
         process = self._process
         if process is None:
             state = "stopped"
@@ -240,6 +274,8 @@ class LocalKafka:
         began = time.monotonic()
         if self._requested_port is not None:
             check_port_free(self._requested_port, what="The requested port")
+        if self._cluster is not None:
+            return self._start_cluster(self._cluster, began)
         try:
             argv = self._prepare_apache() if self._backend == "apache" else self._prepare_tansu()
             self._launch(argv)
@@ -253,6 +289,8 @@ class LocalKafka:
 
     def restart(self) -> Self:
         """Stop the broker and start it again on the same ports, keeping its log directory."""
+        if self._cluster is not None:
+            raise LocalKafkaError("a cluster restarts one broker at a time: start_broker(i)")
         if self._process is None or self._workdir is None:
             raise LocalKafkaError("restart() needs a started LocalKafka")
         began = time.monotonic()
@@ -274,6 +312,11 @@ class LocalKafka:
 
         Idempotent and safe to call from any thread.
         """
+        if self._cluster is not None:
+            with self._lock:
+                self._cluster.stop()
+            _RUNNING.discard(self)
+            return
         with self._lock:
             process, workdir = self._process, self._workdir
             self._process = None
@@ -286,6 +329,55 @@ class LocalKafka:
                 shutil.rmtree(workdir, ignore_errors=True)
             self._port = None
         _RUNNING.discard(self)
+
+    # -- a cluster (brokers > 1) --------------------------------------------------------------
+
+    def kill_broker(self, broker: int) -> None:
+        """SIGKILL broker ``broker`` (0-based) of a cluster: a crash, no controlled shutdown."""
+        self._require_cluster().kill_broker(broker)
+
+    def stop_broker(self, broker: int) -> None:
+        """Stop broker ``broker`` of a cluster cleanly (SIGTERM: its leaders move first)."""
+        self._require_cluster().stop_broker(broker)
+
+    def start_broker(self, *brokers: int) -> float:
+        """Start stopped or killed brokers of a cluster again (together), with their data; the
+        seconds it took until the cluster listed them."""
+        return self._require_cluster().start_broker(*brokers)
+
+    def leader_of(self, topic: str, partition: int) -> int:
+        """The broker (0-based) leading ``topic[partition]`` now."""
+        return self._require_cluster().leader_of(topic, partition)
+
+    def transaction_coordinator_of(self, transactional_id: str) -> int:
+        """The broker coordinating the transactions of ``transactional_id``."""
+        return self._require_cluster().transaction_coordinator_of(transactional_id)
+
+    @property
+    def brokers(self) -> int:
+        """How many brokers this instance runs when started (1, or a cluster's size)."""
+        return 1 if self._cluster is None else self._cluster.size
+
+    def broker_running(self, broker: int) -> bool:
+        """Whether broker ``broker`` of a cluster is running."""
+        return self._require_cluster().running(broker)
+
+    def _require_cluster(self) -> LocalCluster:
+        if self._cluster is None:
+            raise LocalKafkaError("only LocalKafka(brokers=3) has brokers to kill, stop or start")
+        return self._cluster
+
+    def _start_cluster(self, cluster: LocalCluster, began: float) -> Self:
+        if cluster.started:
+            raise LocalKafkaError(f"{self!r} is already started")
+        _RUNNING.add(self)
+        try:
+            cluster.start()
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - began
+        return self
 
     # -- internals --------------------------------------------------------------------------
 

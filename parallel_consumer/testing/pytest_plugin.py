@@ -8,6 +8,9 @@ parallel-consumer gets these fixtures:
   default; ``apache`` or ``tansu``).
 * ``topic``: a factory ``topic(partitions=1, config=None) -> name`` creating uniquely named topics.
 * ``group_id``: a fresh consumer group id; ``consumer_config``: client settings for a fast test.
+* ``kafka_cluster`` (session): a started ``LocalKafka(brokers=3)`` for broker-failure tests
+  (apache only; skipped with tansu or an external broker). Tests using it are marked
+  ``cluster``; a test that kills or stops brokers should start them again before it ends.
 
 Tests that use ``kafka`` are marked ``kafka``. A test that needs a broker capability declares it
 with ``@pytest.mark.kafka_requires("transactions", ...)`` and is skipped, with the reason, on a
@@ -62,6 +65,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "kafka_requires(*capabilities): skip unless the kafka fixture's backend has them "
         "(names: fields of parallel_consumer.testing.Capabilities)",
     )
+    config.addinivalue_line(
+        "markers", "cluster: uses the three-broker kafka_cluster fixture (broker failures)"
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -69,6 +75,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         uses_kafka = "kafka" in getattr(item, "fixturenames", ())
         if uses_kafka or item.get_closest_marker("kafka_requires"):
             item.add_marker(pytest.mark.kafka)
+        if "kafka_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.kafka)
+            item.add_marker(pytest.mark.cluster)
 
 
 @pytest.fixture(scope="session")
@@ -85,6 +94,22 @@ def kafka() -> Iterator[KafkaBroker]:
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster() -> Iterator[LocalKafka]:
+    """Three brokers (KRaft, one quorum) shared by the session's broker-failure tests: topics
+    get replication factor 3 and ``min.insync.replicas=2``. Started on first use."""
+    if os.environ.get("PC_TEST_BOOTSTRAP_SERVERS"):
+        pytest.skip("kafka_cluster starts its own brokers; PC_TEST_BOOTSTRAP_SERVERS is set")
+    if choose_backend(os.environ.get("PC_TEST_KAFKA_BACKEND", "auto")) != "apache":
+        pytest.skip("kafka_cluster needs the apache backend (Java and the Kafka jars)")
+    cluster = LocalKafka(brokers=3)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(autouse=True)

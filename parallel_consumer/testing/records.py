@@ -44,8 +44,12 @@ def create_topic(
     timeout: float = 30.0,
     exist_ok: bool = False,
     client_config: Mapping[str, Any] | None = None,
+    replication_factor: int | None = None,
 ) -> str:
-    """Create topic ``name`` (replication factor 1) and wait until it is usable; return ``name``.
+    """Create topic ``name`` and wait until it is usable; return ``name``.
+
+    ``replication_factor`` None takes the broker's ``default.replication.factor``: 1 on a
+    single broker, 3 on ``LocalKafka(brokers=3)`` (whose ``min.insync.replicas`` is 2).
 
     A topic that already exists raises :class:`LocalKafkaError`, unless ``exist_ok``: then it is
     used as it is if it has ``partitions`` partitions (its ``config`` is not compared), and
@@ -56,7 +60,10 @@ def create_topic(
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient({**(client_config or {}), "bootstrap.servers": bootstrap_servers})
-    new = NewTopic(name, num_partitions=partitions, replication_factor=1, config=dict(config or {}))
+    replicas = -1 if replication_factor is None else replication_factor
+    new = NewTopic(
+        name, num_partitions=partitions, replication_factor=replicas, config=dict(config or {})
+    )
     exists = False
     try:
         admin.create_topics([new], operation_timeout=timeout, request_timeout=timeout)[name].result(
