@@ -51,6 +51,15 @@ class StubProducer:
 FENCED = KafkaError(KafkaError._FENCED, "Producer fenced by newer instance", fatal=True)
 
 
+def sending_offsets(offsets: list[Any], group_metadata: Any) -> Any:
+    """What Transactions hands to Outputs.transact: the offsets sent on the producer given."""
+
+    def send(producer: Any, timeout: float) -> None:
+        producer.send_offsets_to_transaction(offsets, group_metadata, timeout)
+
+    return send
+
+
 def outputs_with(
     first: StubProducer, later: list[StubProducer], *, transaction_timeout: float
 ) -> Outputs:
@@ -72,7 +81,7 @@ def test_fenced_after_the_transaction_timed_out_renews_the_producer_and_aborts()
     old, new = StubProducer(FENCED), StubProducer()
     outputs = outputs_with(old, [new], transaction_timeout=0.0)
     # When it commits
-    outcome, reason = outputs.transact([], None)
+    outcome, reason = outputs.transact(None)
     # Then the old producer is dropped, a new one initialised with a transaction begun, and
     # the transaction counts as aborted (its inputs are processed again)
     assert outcome is TransactionOutcome.ABORTED
@@ -80,7 +89,7 @@ def test_fenced_after_the_transaction_timed_out_renews_the_producer_and_aborts()
     assert old.calls[-1] == "purge"
     assert new.calls == ["init", "begin"]
     # and the next transaction goes through the new producer
-    assert outputs.transact([], None)[0] is TransactionOutcome.COMMITTED
+    assert outputs.transact(None)[0] is TransactionOutcome.COMMITTED
     assert new.calls[-2:] == ["commit", "begin"]
 
 
@@ -89,7 +98,7 @@ def test_fenced_while_the_transaction_is_young_stops_for_good() -> None:
     # transactional.id can have fenced it
     old, new = StubProducer(FENCED), StubProducer()
     outputs = outputs_with(old, [new], transaction_timeout=60.0)
-    outcome, reason = outputs.transact([], None)
+    outcome, reason = outputs.transact(None)
     assert outcome is TransactionOutcome.FATAL
     assert "fenced" in reason
     assert new.calls == []
@@ -101,7 +110,7 @@ def test_an_abort_that_fails_renews_the_producer_instead_of_stopping() -> None:
     old.abort_error = KafkaError(KafkaError.INVALID_TXN_STATE, "invalid state")
     new = StubProducer()
     outputs = outputs_with(old, [new], transaction_timeout=60.0)
-    outcome, reason = outputs.transact([], None)
+    outcome, reason = outputs.transact(None)
     assert outcome is TransactionOutcome.ABORTED
     assert "aborting failed too" in reason
     assert new.calls == ["init", "begin"]
@@ -111,7 +120,7 @@ def test_renewals_in_a_row_without_a_commit_stop_for_good_and_a_commit_resets_th
     # Given producers that all fail their commits fatally, after the timeout
     failing = [StubProducer(FENCED) for _ in range(RENEWALS + 1)]
     outputs = outputs_with(failing[0], failing[1:], transaction_timeout=0.0)
-    outcomes = [outputs.transact([], None)[0] for _ in range(RENEWALS + 1)]
+    outcomes = [outputs.transact(None)[0] for _ in range(RENEWALS + 1)]
     # Then RENEWALS renewals are tried, and the next failure is fatal
     assert outcomes == [TransactionOutcome.ABORTED] * RENEWALS + [TransactionOutcome.FATAL]
 
@@ -124,7 +133,7 @@ def test_renewals_in_a_row_without_a_commit_stop_for_good_and_a_commit_resets_th
     producers = [StubProducer(FENCED) for _ in range(RENEWALS)] + [CommitsOnce()]
     producers += [StubProducer(FENCED) for _ in range(RENEWALS - 1)] + [StubProducer()]
     outputs = outputs_with(producers[0], producers[1:], transaction_timeout=0.0)
-    results = [outputs.transact([], None)[0] for _ in range(2 * RENEWALS + 1)]
+    results = [outputs.transact(None)[0] for _ in range(2 * RENEWALS + 1)]
     assert TransactionOutcome.FATAL not in results
     assert results.count(TransactionOutcome.COMMITTED) == 1
 
@@ -139,7 +148,7 @@ def test_a_renewal_whose_init_keeps_failing_retriably_stops_with_the_reason() ->
 
     never = NeverInits()
     outputs = outputs_with(StubProducer(FENCED), [never], transaction_timeout=0.0)
-    outcome, reason = outputs.transact([], None)
+    outcome, reason = outputs.transact(None)
     assert outcome is TransactionOutcome.FATAL
     assert "could not be re-initialised" in reason
     assert never.calls.count("init") > 1
@@ -157,7 +166,7 @@ def test_offsets_that_time_out_abort_the_transaction_and_a_blocked_abort_renews(
     producer, new = SlowOffsets(), StubProducer()
     outputs = outputs_with(producer, [new], transaction_timeout=10.0)
     # When the transaction commits with offsets
-    outcome, reason = outputs.transact(["an offset"], "group metadata")
+    outcome, reason = outputs.transact(sending_offsets(["an offset"], "group metadata"))
     # Then it is not committed without them: aborted, through a new producer
     assert outcome is TransactionOutcome.ABORTED
     assert "sending the offsets failed" in reason
@@ -195,7 +204,7 @@ def test_a_fatal_error_on_the_delivery_thread_waits_for_the_renewal_instead_of_s
             time.sleep(0.01)
         # Then nothing stops the consumer; the poller's next commit renews the producer,
         # and the delivery thread serves the new one
-        assert outputs.transact([], None)[0] is TransactionOutcome.ABORTED
+        assert outputs.transact(None)[0] is TransactionOutcome.ABORTED
         while not new_polls and time.monotonic() < deadline:
             time.sleep(0.01)
         assert new_polls
@@ -225,7 +234,7 @@ def test_offsets_whose_call_blocks_past_its_deadline_renew_the_producer(
     outputs = outputs_with(blocked, [new], transaction_timeout=0.0)
     try:
         started = time.monotonic()
-        outcome, reason = outputs.transact(["an offset"], "group metadata")
+        outcome, reason = outputs.transact(sending_offsets(["an offset"], "group metadata"))
         # Then the wait ends at its deadline, and the producer is renewed
         assert time.monotonic() - started < 9
         assert outcome is TransactionOutcome.ABORTED
