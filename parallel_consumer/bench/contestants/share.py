@@ -15,7 +15,32 @@ from parallel_consumer.bench.kafka_io import new_group
 from parallel_consumer.bench.model import Observation, Row
 from parallel_consumer.bench.work import sync_work
 
-__all__ = ["ShareContestant"]
+__all__ = ["ShareContestant", "set_earliest"]
+
+
+def set_earliest(bootstrap: str, group: str) -> None:
+    """A share group starts at the latest offset unless its group config says otherwise: make
+    ``group`` start at the earliest."""
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    resource = ConfigResource(
+        ResourceType.GROUP,
+        group,
+        incremental_configs=[
+            ConfigEntry(
+                "share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET
+            )
+        ],
+    )
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
 
 
 class ShareContestant:
@@ -42,31 +67,9 @@ class ShareContestant:
         return None
 
     def run(self, env: RunEnv, row: Row, topic: str, ends: dict[int, int]) -> Observation:
-        from confluent_kafka.admin import (  # type: ignore[attr-defined]
-            AdminClient,
-            AlterConfigOpType,
-            ConfigEntry,
-            ConfigResource,
-            ResourceType,
-        )
-
         expected = sum(ends.values())
         group = new_group("share")
-        # A share group starts at the latest offset unless its group config says otherwise.
-        admin = AdminClient({"bootstrap.servers": env.bootstrap})
-        resource = ConfigResource(
-            ResourceType.GROUP,
-            group,
-            incremental_configs=[
-                ConfigEntry(
-                    "share.auto.offset.reset",
-                    "earliest",
-                    incremental_operation=AlterConfigOpType.SET,
-                )
-            ],
-        )
-        for future in admin.incremental_alter_configs([resource]).values():
-            future.result(timeout=30)
+        set_earliest(env.bootstrap, group)
         work = sync_work(row.work)
 
         def handle(message: Any) -> tuple[int, Any, int, float]:
