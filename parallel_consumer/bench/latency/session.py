@@ -110,7 +110,7 @@ def one_run(bootstrap: str, name: str, spec: LoadSpec, rate: float) -> RunResult
     done = trace.first_done()
     acked = trace.acks if trace.acks is not None else stats.commit_times(trace.commits, produced)
     return RunResult(
-        verdict=stats.verdict(produced, done, rate),
+        verdict=stats.verdict(produced, done),
         done_latencies=stats.latencies(produced, done),
         commit_latencies=stats.latencies(produced, acked),
         produced=len(produced),

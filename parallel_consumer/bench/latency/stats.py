@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = [
-    "BACKLOG_GROWTH_SECONDS",
+    "LATENCY_GROWTH_LIMIT",
     "Verdict",
     "cdf_points",
     "commit_times",
@@ -29,12 +29,12 @@ Key = tuple[int, int]
 
 #: The percentiles reported (docs/benchmarks.md).
 REPORTED = (50.0, 99.0, 99.9)
-#: A contestant keeps up unless its backlog grows by more than this many seconds of records
-#: between the first and the last quarter of the producing, or records are left unhandled when
-#: the run ends (some seconds after the producer stopped).
-BACKLOG_GROWTH_SECONDS = 0.25
-#: ... and never less than this many records (a few handler calls' worth of noise).
-BACKLOG_GROWTH_MIN = 50
+#: A contestant keeps up unless the median latency of the records produced in the last quarter of
+#: the producing exceeds that of the second quarter (the first is the warm-up) by more than this
+#: many seconds (a backlog that grows makes latency grow with it, a long but steady delay does
+#: not), or records are left unhandled when the run ends (some seconds after the producer
+#: stopped).
+LATENCY_GROWTH_LIMIT = 0.25
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:
@@ -44,7 +44,8 @@ def percentile(ordered: Sequence[float], q: float) -> float:
         raise ValueError(f"percentile {q} is not within 0-100")
     if not ordered:
         return math.nan
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    # (rounded first: 99.9 % of 10,000 is 9,990, not 9,990.000000000002)
+    rank = max(1, math.ceil(round(q / 100 * len(ordered), 9)))
     return ordered[rank - 1]
 
 
@@ -110,12 +111,12 @@ def latencies(produced: Mapping[Key, float], reached: Mapping[Key, float]) -> li
 
 @dataclass(frozen=True)
 class Verdict:
-    """Whether a contestant sustained the rate, and its backlog (records produced and not yet
-    handled) at the end of the producing."""
+    """Whether a contestant sustained the rate; its backlog (records produced and not yet
+    handled) when the producer stopped; how much its latency grew over the producing."""
 
     keeps_up: bool
     backlog_at_end: int
-    backlog_growth: float
+    latency_growth: float
     unfinished: int
     reason: str
 
@@ -123,40 +124,33 @@ class Verdict:
         return asdict(self)
 
 
-def _backlog(produced: Sequence[float], done: Sequence[float], at: float) -> int:
-    return bisect.bisect_right(produced, at) - bisect.bisect_right(done, at)
+def _median(values: Sequence[float]) -> float:
+    return percentile(sorted(values), 50)
 
 
-def verdict(
-    produced: Mapping[Key, float],
-    done: Mapping[Key, float],
-    rate: float,
-    samples: int = 20,
-) -> Verdict:
+def verdict(produced: Mapping[Key, float], done: Mapping[Key, float]) -> Verdict:
     """Judge a run from its produce and handler-done times (records outside ``produced``, such
-    as the primers, are ignored): the backlog is sampled over the producing; it must not grow
-    by more than :data:`BACKLOG_GROWTH_SECONDS` of records from the first quarter to the last,
-    and every record must have been handled by the end of the run."""
+    as the primers, are ignored): see :data:`LATENCY_GROWTH_LIMIT`."""
     if not produced:
         return Verdict(True, 0, 0.0, 0, "nothing produced")
-    sent = sorted(produced.values())
-    handled = sorted(t for k, t in done.items() if k in produced)
-    start, end = sent[0], sent[-1]
-    times = (
-        [start + (end - start) * i / (samples - 1) for i in range(samples)]
-        if samples > 1
-        else [end]
+    by_time = sorted(produced.items(), key=lambda item: item[1])
+    start, end = by_time[0][1], by_time[-1][1]
+    quarter = (end - start) / 4
+
+    def latency_between(low: float, high: float) -> float:
+        got = [done[k] - t for k, t in by_time if low <= t <= high and k in done]
+        return _median(got) if got else math.nan
+
+    growth = latency_between(end - quarter, end) - latency_between(
+        start + quarter, start + 2 * quarter
     )
-    backlog = [_backlog(sent, handled, t) for t in times]
-    quarter = max(1, samples // 4)
-    growth = sum(backlog[-quarter:]) / quarter - sum(backlog[:quarter]) / quarter
-    unfinished = len(sent) - len(handled)
-    limit = max(BACKLOG_GROWTH_MIN, BACKLOG_GROWTH_SECONDS * rate)
-    at_end = _backlog(sent, handled, end)
+    handled_by_end = sum(1 for k, t in by_time if k in done and done[k] <= end)
+    at_end = len(by_time) - handled_by_end
+    unfinished = sum(1 for k, _ in by_time if k not in done)
     if unfinished:
         reason = f"{unfinished} records still unhandled when the run ended"
-    elif growth > limit:
-        reason = f"backlog grew by {growth:.0f} records over the producing (limit {limit:.0f})"
+    elif growth > LATENCY_GROWTH_LIMIT:
+        reason = f"latency grew by {growth * 1000:.0f} ms over the producing"
     else:
         return Verdict(True, at_end, growth, 0, "sustained")
     return Verdict(False, at_end, growth, unfinished, reason)
