@@ -159,6 +159,9 @@ def summarise(name: str, runs: Sequence[RunResult], errors: Sequence[str]) -> di
         "unfinished": [r.verdict.unfinished for r in runs],
         "verdicts": [r.verdict.as_dict() for r in runs],
         "producer_late_p99_ms": [_ms(r.producer_late_p99) for r in runs],
+        "produced": [r.produced for r in runs],
+        "handled": [len(r.done_latencies) for r in runs],
+        "committed": [len(r.commit_latencies) for r in runs],
     }
     for kind in ("done", "commit"):
         per_run = [stats.percentiles(getattr(r, f"{kind}_latencies")) for r in runs]
