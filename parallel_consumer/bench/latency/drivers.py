@@ -242,13 +242,9 @@ class PyrallelDriver:
     note = "asyncio execution mode, max_in_flight = C, KEY_HASH order"
 
     def run(self, job: Job) -> Trace:
-        from pyrallel_consumer import (
-            ExecutionConfig,
-            KafkaConfig,
-            OrderingMode,
-            ParallelConsumerConfig,
-            PyrallelConsumer,
-        )
+        from pyrallel_consumer import PyrallelConsumer
+
+        from parallel_consumer.bench.contestants.pyrallel import pyrallel_config
 
         trace = Trace()
         seconds = job.spec.work_ms / 1000
@@ -259,17 +255,7 @@ class PyrallelDriver:
             trace.done.append((item.tp.partition, item.offset, time.time()))
             job.ready.set()
 
-        config = KafkaConfig(
-            BOOTSTRAP_SERVERS=job.bootstrap,
-            CONSUMER_GROUP=group,
-            AUTO_OFFSET_RESET="earliest",
-            SESSION_TIMEOUT_MS=10000,
-            dlq_enabled=False,
-            parallel_consumer=ParallelConsumerConfig(
-                ordering_mode=OrderingMode.KEY_HASH,
-                execution=ExecutionConfig(mode="async", max_in_flight=job.spec.concurrency),
-            ),
-        )
+        config = pyrallel_config(job.bootstrap, group, row_of(job.spec))
         watcher = CommitWatcher(job.bootstrap, group, job.topic, list(job.ends)).start()
         trace.commits = watcher.commits
 
