@@ -40,7 +40,9 @@ def plot_latency(document: dict[str, Any], out: Path, stem: str) -> list[Path]:
                 points = [(x, f) for x, f in result[f"{kind}_cdf_ms"] if 0 < f < 1 and x > 0]
                 if not points:
                     continue
-                label = name + (" (UNORDERED)" if "UNORDERED" in notes.get(name, "") else "")
+                note = notes.get(name, "")
+                label = name + (" (UNORDERED)" if "UNORDERED" in note else "")
+                label += " (floor: poll returned, no work)" if "floor" in note else ""
                 if not result["keeps_up"]:
                     label += " (cannot keep up)"
                 ax.plot(

@@ -19,8 +19,9 @@ from parallel_consumer.bench.latency.load import LoadSpec
 
 __all__ = ["add_parser", "run"]
 
-#: The peers L1 runs beside ``pc`` by default, in table order.
-PEERS = ("java-pc", "pyrallel", "share", "serial")
+#: The peers L1 runs beside ``pc`` by default, in table order; ``raw`` (no work, no commits)
+#: is the client path's floor, not a peer in the goals.
+PEERS = ("java-pc", "pyrallel", "share", "serial", "raw")
 #: ``tiny``: seconds, for tests.
 SCALES = {
     "full": LoadSpec(),

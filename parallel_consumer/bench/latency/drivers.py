@@ -233,6 +233,32 @@ class SerialDriver:
         return trace
 
 
+class RawDriver:
+    name = "raw"
+    commit_clock = "raw commits nothing"
+    note = (
+        "no work, no commits: produced -> poll() returned, the client path's floor (not a peer "
+        "in the goals)"
+    )
+
+    def run(self, job: Job) -> Trace:
+        from confluent_kafka import Consumer
+
+        trace = Trace()
+        consumer = Consumer(base_consumer_config(job.bootstrap, new_group("raw-l1")))
+        try:
+            consumer.subscribe([job.topic])
+            while not job.stop.is_set() and len(trace.done) < job.expected:
+                message = consumer.poll(0.02)
+                if message is not None and not message.error():
+                    seen = time.time()
+                    trace.done.append((message.partition() or 0, message.offset() or 0, seen))
+                    job.ready.set()
+        finally:
+            consumer.close()
+        return trace
+
+
 class PyrallelDriver:
     name = "pyrallel"
     commit_clock = (
@@ -342,7 +368,7 @@ class ShareDriver:
 
 #: The contestants L1 runs, in table order (pc first).
 DRIVERS: dict[str, Driver] = {
-    d.name: d for d in (PcDriver(), SerialDriver(), PyrallelDriver(), ShareDriver())
+    d.name: d for d in (PcDriver(), SerialDriver(), PyrallelDriver(), ShareDriver(), RawDriver())
 }
 
 

@@ -3,6 +3,7 @@ summaries are medians over the repeats, CDFs pool the repeats' samples."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 import threading
@@ -142,8 +143,9 @@ def measure_capacity(bootstrap: str, spec: LoadSpec, repeat: int, say: Say) -> l
     return rates
 
 
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000, 3)
+def _ms(seconds: float) -> float | None:
+    """Milliseconds, or None for no figure (no samples: JSON has no NaN)."""
+    return None if math.isnan(seconds) else round(seconds * 1000, 3)
 
 
 def summarise(name: str, runs: Sequence[RunResult], errors: Sequence[str]) -> dict[str, Any]:
@@ -174,10 +176,14 @@ def summarise(name: str, runs: Sequence[RunResult], errors: Sequence[str]) -> di
     return summary
 
 
+#: Contestants that are floors, not peers: left out of the goals.
+FLOORS = ("raw",)
+
+
 def goals(loads: Sequence[dict[str, Any]], work_ms: float, us: str = "pc") -> dict[str, Any]:
     """The issue's goals, reported (never asserted): ``pc``'s p99 handler-done below every
-    peer's at every load it sustains (a peer that cannot keep up counts as above), and at 50 %
-    load within 3x the handler time plus 20 ms."""
+    peer's at every load it sustains (a peer that cannot keep up counts as above; floors are
+    no peers), and at 50 % load within 3x the handler time plus 20 ms."""
     below: dict[str, Any] = {}
     for entry in loads:
         ours = entry["results"].get(us)
@@ -188,7 +194,7 @@ def goals(loads: Sequence[dict[str, Any]], work_ms: float, us: str = "pc") -> di
         below[f"{entry['load']:g}"] = {
             name: (not r["keeps_up"]) or mine < r["done_ms"]["p99"]
             for name, r in entry["results"].items()
-            if name != us and r["runs"]
+            if name != us and name not in FLOORS and r["runs"]
         }
     half = next((e for e in loads if abs(e["load"] - 0.5) < 1e-9), None)
     limit = 3 * work_ms + 20

@@ -14,7 +14,10 @@ from parallel_consumer.bench import cli
         (["--loads", "0"], "--loads takes fractions of the capacity"),
         (["--loads", "3"], "--loads takes fractions of the capacity"),
         (["--repeat", "0"], "--repeat must be 1 or more"),
-        (["--peers", "raw"], "unknown peer raw; L1 knows java-pc, pyrallel, share, serial"),
+        (
+            ["--peers", "pc-otel"],
+            "unknown peer pc-otel; L1 knows java-pc, pyrallel, share, serial, raw",
+        ),
         (["--peers", "pc"], "unknown peer pc"),
     ],
 )

@@ -206,3 +206,16 @@ def test_the_goals_compare_our_p99_with_every_peer_and_with_the_half_load_limit(
     }
     assert report["p99_at_half_load"]["limit_ms"] == 35
     assert report["p99_at_half_load"]["met"] is False
+
+
+def test_the_client_floor_is_no_peer_in_the_goals_and_a_run_without_commits_has_no_figure():
+    # Given raw (no work, no commits) faster than us at half load
+    raw = summarise("raw", [RunResult(run(0.001).verdict, [0.001] * 10, [], 10, 0.0)], [])
+    entry = {"load": 0.5, "results": {"pc": summarise("pc", [run(0.01)], []), "raw": raw}}
+
+    report = goals([entry], work_ms=5)
+
+    # Then it is not compared with us, and its commit latencies are None (JSON has no NaN)
+    assert report["p99_below_every_peer"] == {"0.5": {}}
+    assert raw["commit_ms"] == {"p50": None, "p99": None, "p99.9": None}
+    assert raw["commit_cdf_ms"] == []
