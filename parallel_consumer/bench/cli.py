@@ -77,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     plot = commands.add_parser("plot", help="write PNG charts of a run's JSON")
     plot.add_argument("results", type=Path)
     plot.add_argument("--out", type=Path, default=None, help="folder (default: beside the JSON)")
+    from parallel_consumer.bench.latency import command as latency
+
+    latency.add_parser(commands)
     return parser
 
 
@@ -216,6 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "list":
             return _list()
+        if args.command == "latency":
+            from parallel_consumer.bench.latency import command as latency
+
+            return latency.run(args)
         if args.command == "plot":
             from parallel_consumer.bench import plot
 

@@ -34,6 +34,10 @@ def plot(results: Path, out: Path | None = None) -> list[Path]:
     out = out or results.parent
     out.mkdir(parents=True, exist_ok=True)
     stem = results.stem
+    if document.get("format", "").startswith("pc-bench-latency"):
+        from parallel_consumer.bench.latency.charts import plot_latency
+
+        return plot_latency(document, out, stem)
     written = []
     w1 = [r for r in document["rows"] if r["workload"] == "W1" and r["results"]]
     if w1:

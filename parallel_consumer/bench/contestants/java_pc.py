@@ -14,13 +14,14 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from parallel_consumer.bench.contestants.base import RunEnv
 from parallel_consumer.bench.kafka_io import new_group
 from parallel_consumer.bench.model import Observation, Row
 
-__all__ = ["JavaParallelConsumerContestant", "find_project"]
+__all__ = ["JavaParallelConsumerContestant", "build", "find_project", "harness_argv"]
 
 MAIN_CLASS = "bench.BenchRunner"
 PROJECT_ENV = "PC_BENCH_JAVA_PROJECT"
@@ -68,6 +69,34 @@ def build(project: Path) -> str:
     return f"{classes}{os.pathsep}{classpath_file.read_text().strip()}"
 
 
+def harness_argv(
+    classpath: str,
+    bootstrap: str,
+    topic: str,
+    group: str,
+    ends: Mapping[int, int],
+    row: Row,
+    log_path: Path,
+    timeout: float,
+) -> list[str]:
+    """The command line running ``row`` in the Java harness (its options: BenchRunner.java)."""
+    return [
+        "java",
+        "-Xmx1g",
+        "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+        "-cp",
+        classpath,
+        MAIN_CLASS,
+        *("--bootstrap", bootstrap, "--topic", topic, "--group", group),
+        *("--ends", ",".join(f"{p}:{end}" for p, end in sorted(ends.items()))),
+        *("--ordering", row.ordering, "--concurrency", str(row.concurrency)),
+        *("--batch-size", str(row.batch_size)),
+        *("--commit-interval-ms", str(round(row.commit_interval * 1000))),
+        *("--work", row.work.kind, "--ms", str(row.work.ms)),
+        *("--out", str(log_path), "--timeout", str(round(timeout))),
+    ]
+
+
 class JavaParallelConsumerContestant:
     name = "java-pc"
     description = "Confluent's Java Parallel Consumer 0.5.3.3 (benchmarks/java), same options"
@@ -101,21 +130,9 @@ class JavaParallelConsumerContestant:
         classpath = build(project)
         with tempfile.TemporaryDirectory(prefix="pc-bench-java-") as tmp:
             log_path = Path(tmp) / "log.tsv"
-            argv = [
-                "java",
-                "-Xmx1g",
-                "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
-                "-cp",
-                classpath,
-                MAIN_CLASS,
-                *("--bootstrap", env.bootstrap, "--topic", topic, "--group", new_group("java")),
-                *("--ends", ",".join(f"{p}:{end}" for p, end in sorted(ends.items()))),
-                *("--ordering", row.ordering, "--concurrency", str(row.concurrency)),
-                *("--batch-size", str(row.batch_size)),
-                *("--commit-interval-ms", str(round(row.commit_interval * 1000))),
-                *("--work", row.work.kind, "--ms", str(row.work.ms)),
-                *("--out", str(log_path), "--timeout", str(round(env.timeout))),
-            ]
+            argv = harness_argv(
+                classpath, env.bootstrap, topic, new_group("java"), ends, row, log_path, env.timeout
+            )
             launched = time.time()
             done = subprocess.run(
                 argv, capture_output=True, text=True, timeout=env.timeout + 60, check=False
@@ -133,7 +150,7 @@ class JavaParallelConsumerContestant:
                 raise RuntimeError(f"java-pc {row.name}: {reason}")
             log = []
             for line in log_path.read_text().splitlines():
-                partition, key, offset, took = line.split("\t")
+                partition, key, offset, took = line.split("\t")[:4]
                 log.append((int(partition), key, int(offset), float(took)))
         return Observation(
             # The JVM's own start (~0.5 s) is not the consumer's start-up: count from "started".

@@ -15,9 +15,32 @@ from parallel_consumer.bench.kafka_io import new_group, wait_committed
 from parallel_consumer.bench.model import Observation, Row
 from parallel_consumer.bench.work import async_work
 
-__all__ = ["PyrallelContestant"]
+__all__ = ["PyrallelContestant", "pyrallel_config"]
 
 INSTALL = "pip install --ignore-requires-python pyrallel-consumer"
+
+
+def pyrallel_config(bootstrap: str, group: str, row: Row) -> Any:
+    """pyrallel-consumer's settings for ``row``: its asyncio mode, ``max_in_flight`` = C, the
+    row's ordering, from the earliest offset, no dead-letter topic."""
+    from pyrallel_consumer import ExecutionConfig, KafkaConfig, OrderingMode, ParallelConsumerConfig
+
+    ordering = {
+        "KEY": OrderingMode.KEY_HASH,
+        "PARTITION": OrderingMode.PARTITION,
+        "UNORDERED": OrderingMode.UNORDERED,
+    }[row.ordering]
+    return KafkaConfig(
+        BOOTSTRAP_SERVERS=bootstrap,
+        CONSUMER_GROUP=group,
+        AUTO_OFFSET_RESET="earliest",
+        SESSION_TIMEOUT_MS=10000,
+        dlq_enabled=False,
+        parallel_consumer=ParallelConsumerConfig(
+            ordering_mode=ordering,
+            execution=ExecutionConfig(mode="async", max_in_flight=row.concurrency),
+        ),
+    )
 
 
 class PyrallelContestant:
@@ -41,13 +64,7 @@ class PyrallelContestant:
         return None
 
     def run(self, env: RunEnv, row: Row, topic: str, ends: dict[int, int]) -> Observation:
-        from pyrallel_consumer import (
-            ExecutionConfig,
-            KafkaConfig,
-            OrderingMode,
-            ParallelConsumerConfig,
-            PyrallelConsumer,
-        )
+        from pyrallel_consumer import PyrallelConsumer
 
         recorder = LogRecorder(sum(ends.values()))
         work = async_work(row.work)
@@ -60,22 +77,7 @@ class PyrallelContestant:
             await work()
             recorder.add([(item.tp.partition, item.key, item.offset)], time.perf_counter() - t0)
 
-        ordering = {
-            "KEY": OrderingMode.KEY_HASH,
-            "PARTITION": OrderingMode.PARTITION,
-            "UNORDERED": OrderingMode.UNORDERED,
-        }[row.ordering]
-        config = KafkaConfig(
-            BOOTSTRAP_SERVERS=env.bootstrap,
-            CONSUMER_GROUP=group,
-            AUTO_OFFSET_RESET="earliest",
-            SESSION_TIMEOUT_MS=10000,
-            dlq_enabled=False,
-            parallel_consumer=ParallelConsumerConfig(
-                ordering_mode=ordering,
-                execution=ExecutionConfig(mode="async", max_in_flight=row.concurrency),
-            ),
-        )
+        config = pyrallel_config(env.bootstrap, group, row)
         started = time.time()
         finished: list[float] = []
 

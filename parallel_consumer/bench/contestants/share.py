@@ -16,12 +16,25 @@ from parallel_consumer.bench.kafka_io import new_group
 from parallel_consumer.bench.model import Observation, Row
 from parallel_consumer.bench.work import sync_work
 
-__all__ = ["ShareContestant", "new_share_group", "share_unavailable", "share_unsupported"]
+__all__ = [
+    "ShareContestant",
+    "new_share_group",
+    "set_earliest",
+    "share_unavailable",
+    "share_unsupported",
+]
 
 
 def new_share_group(bootstrap: str) -> str:
-    """A new share group's id, set to start at the earliest offset (a share group starts at
-    the latest one unless its group config says otherwise)."""
+    """A new share group's id, set to start at the earliest offset."""
+    group = new_group("share")
+    set_earliest(bootstrap, group)
+    return group
+
+
+def set_earliest(bootstrap: str, group: str) -> None:
+    """A share group starts at the latest offset unless its group config says otherwise: make
+    ``group`` start at the earliest."""
     from confluent_kafka.admin import (  # type: ignore[attr-defined]
         AdminClient,
         AlterConfigOpType,
@@ -30,15 +43,18 @@ def new_share_group(bootstrap: str) -> str:
         ResourceType,
     )
 
-    group = new_group("share")
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    entry = ConfigEntry(
-        "share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET
+    resource = ConfigResource(
+        ResourceType.GROUP,
+        group,
+        incremental_configs=[
+            ConfigEntry(
+                "share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET
+            )
+        ],
     )
-    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[entry])
     for future in admin.incremental_alter_configs([resource]).values():
         future.result(timeout=30)
-    return group
 
 
 def share_unavailable() -> str | None:

@@ -34,14 +34,15 @@ import java.util.concurrent.atomic.AtomicLong;
  * BenchRunner --bootstrap HOST:PORT --topic T --group G --ends P0:END0,P1:END1,...
  *             --ordering KEY|PARTITION|UNORDERED --concurrency C --batch-size B
  *             --commit-interval-ms MS --work noop|sleep_random|sleep --ms X
- *             --out LOG --timeout SECONDS
+ *             --out LOG --timeout SECONDS [--stop-file PATH]
  * </pre>
  *
  * Prints JSON lines on stdout with epoch times in seconds (the clock the Python side uses):
  * {"event":"started"}, {"event":"first_call"} and {"event":"committed"} once the group's committed
  * offsets reached the end of every partition (read back through the Admin client), or
  * {"event":"failed","reason":...}. LOG gets one line per record handled: partition, key, offset,
- * service seconds, in the order the handler calls finished.
+ * service seconds, and the epoch time the call returned, in the order the handler calls finished.
+ * With --stop-file, the run also ends (as failed, its log written) once that file exists.
  */
 public final class BenchRunner {
 
@@ -63,6 +64,7 @@ public final class BenchRunner {
         long deadline = System.nanoTime()
                 + Duration.ofSeconds(Long.parseLong(options.getOrDefault("timeout", "600"))).toNanos();
 
+        Path stopFile = options.containsKey("stop-file") ? Path.of(options.get("stop-file")) : null;
         List<String> log = new ArrayList<>();
         AtomicLong processed = new AtomicLong();
         AtomicLong firstCall = new AtomicLong();
@@ -85,10 +87,12 @@ public final class BenchRunner {
             doWork(work, ms);
             List<ConsumerRecord<byte[], byte[]>> records = context.getConsumerRecordsFlattened();
             double share = (System.nanoTime() - started) / 1e9 / records.size();
+            Instant now = Instant.now();
+            String doneAt = String.valueOf(now.getEpochSecond()) + "." + String.format("%06d", now.getNano() / 1000);
             synchronized (log) {
                 for (ConsumerRecord<byte[], byte[]> record : records) {
                     String key = record.key() == null ? "" : new String(record.key(), StandardCharsets.UTF_8);
-                    log.add(record.partition() + "\t" + key + "\t" + record.offset() + "\t" + share);
+                    log.add(record.partition() + "\t" + key + "\t" + record.offset() + "\t" + share + "\t" + doneAt);
                 }
             }
             processed.addAndGet(records.size());
@@ -96,7 +100,8 @@ public final class BenchRunner {
 
         boolean reached = false;
         try (Admin admin = Admin.create(Map.<String, Object>of(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap))) {
-            while (System.nanoTime() < deadline && !pc.isClosedOrFailed()) {
+            while (System.nanoTime() < deadline && !pc.isClosedOrFailed()
+                    && (stopFile == null || !Files.exists(stopFile))) {
                 if (processed.get() >= expected) {
                     Map<TopicPartition, OffsetAndMetadata> committed =
                             admin.listConsumerGroupOffsets(group).partitionsToOffsetAndMetadata().get();
