@@ -28,12 +28,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from parallel_consumer.testing._broker_process import (
-    BrokerProcess,
-    LocalKafkaError,
-    free_port,
-    log_tail,
-)
+from parallel_consumer.errors import ParallelConsumerError
+from parallel_consumer.testing._broker_process import BrokerProcess, free_port, log_tail
 
 __all__ = ["SparkCluster", "SparkClusterError", "spark_home"]
 
@@ -42,7 +38,7 @@ _HOST = "127.0.0.1"
 _DAEMON_JAVA_OPTS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
 
 
-class SparkClusterError(LocalKafkaError):
+class SparkClusterError(ParallelConsumerError):
     """The local Spark cluster could not be started (the message says why and where the log is)."""
 
 
@@ -98,6 +94,13 @@ class SparkCluster:
         if self._master is None:
             raise SparkClusterError("the cluster is not started")
         return f"spark://{_HOST}:{self._master_port}"
+
+    @property
+    def running(self) -> bool:
+        """The Master and every Worker run (False once one has exited or been killed)."""
+        return self._master is not None and all(
+            p.exit_code() is None for p in (self._master, *self._workers)
+        )
 
     @property
     def worker_pids(self) -> list[int]:
