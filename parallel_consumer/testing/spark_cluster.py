@@ -86,6 +86,7 @@ class SparkCluster:
         self.directory: Path | None = None
         self._master: BrokerProcess | None = None
         self._workers: list[BrokerProcess] = []
+        self._ports: list[int] = []  # each Worker's, by index
         self._master_port = 0
         self._ui_port = 0
 
@@ -179,9 +180,8 @@ class SparkCluster:
                 *("--host", _HOST, "--port", str(self._master_port)),
                 *("--webui-port", str(self._ui_port)),
             )
-            for _ in range(self.workers):
-                self.add_worker(wait=False)
-            self.wait_for_workers(self.workers)
+            started = [self.add_worker(wait=False) for _ in range(self.workers)]
+            self.wait_for_workers(started)
         except BaseException:
             self.stop()
             raise
@@ -193,17 +193,19 @@ class SparkCluster:
         index = len(self._workers)
         work = self.directory / f"worker-{index}"
         work.mkdir(exist_ok=True)
+        port = free_port()
         self._workers.append(
             self._spawn(
                 f"worker-{index}",
                 "org.apache.spark.deploy.worker.Worker",
-                *("--host", _HOST, "--webui-port", str(free_port())),
+                *("--host", _HOST, "--port", str(port), "--webui-port", str(free_port())),
                 *("--cores", str(self.cores), "--memory", self.memory),
                 *("--work-dir", str(work), self.master_url),
             )
         )
+        self._ports.append(port)
         if wait:
-            self.wait_for_workers(self.alive_workers() + 1)
+            self.wait_for_workers([index])
         return index
 
     def state(self) -> dict[str, Any]:
@@ -212,17 +214,17 @@ class SparkCluster:
             state: dict[str, Any] = json.load(answer)
             return state
 
-    def alive_workers(self) -> int:
-        """Workers the Master counts ALIVE (a killed one stays so until the Master's worker
-        time-out, ``spark.worker.timeout``, 60 s by default)."""
-        return sum(w.get("state") == "ALIVE" for w in self.state().get("workers", []))
-
-    def wait_for_workers(self, count: int) -> float:
-        """Wait until ``count`` Workers have registered; the seconds waited."""
+    def wait_for_workers(self, indexes: list[int]) -> float:
+        """Wait until the Workers ``indexes`` have registered with the Master (the Master
+        counts each ALIVE, by its port); the seconds waited."""
         assert self._master is not None
         began = time.monotonic()
+        waited = {self._ports[i]: i for i in indexes}
         while True:
-            for name, process in (("master", self._master), *self._named_workers()):
+            for name, process in (
+                ("master", self._master),
+                *((f"worker {i}", self._workers[i]) for i in indexes),
+            ):
                 code = process.exit_code()
                 if code is not None:
                     raise SparkClusterError(
@@ -230,18 +232,16 @@ class SparkCluster:
                         f"({process.log_path}):\n{log_tail(process.log_path)}"
                     )
             with contextlib.suppress(OSError, ValueError):
-                if self.alive_workers() >= count:
+                ports = {w.get("port") for w in self.state()["workers"] if w["state"] == "ALIVE"}
+                if set(waited) <= ports:
                     return time.monotonic() - began
             if time.monotonic() - began > self.start_timeout:
                 raise SparkClusterError(
-                    f"{count} Spark workers did not register with the master in "
-                    f"{self.start_timeout:.0f} s; logs in {self.directory}:\n"
+                    f"Spark workers {sorted(waited.values())} did not register with the master "
+                    f"in {self.start_timeout:.0f} s; logs in {self.directory}:\n"
                     f"{log_tail(self._master.log_path)}"
                 )
             time.sleep(0.2)
-
-    def _named_workers(self) -> list[tuple[str, BrokerProcess]]:
-        return [(f"worker {i}", w) for i, w in enumerate(self._workers)]
 
     def kill_worker(self, index: int) -> None:
         """SIGKILL Worker ``index`` with every process under it (its executors and their Python
@@ -258,7 +258,7 @@ class SparkCluster:
             under = _descendants(worker.pid) if worker.exit_code() is None else []
             worker.stop(timeout)
             _kill(under)  # what outlived its Worker (the Worker stops its executors itself)
-        self._workers = []
+        self._workers, self._ports = [], []
         if self._master is not None:
             self._master.stop(timeout)
             self._master = None

@@ -156,29 +156,66 @@ def test_backfill_on_a_standalone_cluster_ships_the_handler_and_spreads_over_wor
 def test_stream_on_a_standalone_cluster_survives_a_worker_killed_mid_micro_batch(
     spark_cluster: SparkCluster, kafka: KafkaBroker, topic: TopicFactory, tmp_path: Path
 ) -> None:
-    # Given 6,000 records of 100 keys in 4 partitions (3 micro-batches of 2,000), 3 % transient
-    # failures, 0.5 % poison, and one record of the second micro-batch that stops its task the
-    # first time it is handled
+    # Given 6,000 records (3 micro-batches of 2,000), one of the second micro-batch stopping its
+    # task the first time it is handled; When the Worker running that task is SIGKILLed; Then
+    # nothing is lost (see stream_with_workers_killed)
+    stream_with_workers_killed(spark_cluster, kafka, topic, tmp_path, 6_000, [3_500])
+
+
+@pytest.mark.stress
+@pytest.mark.timeout(900)
+def test_a_long_stream_on_a_standalone_cluster_survives_workers_killed_and_replaced(
+    kafka: KafkaBroker, topic: TopicFactory, tmp_path: Path
+) -> None:
+    # Given 60,000 records (30 micro-batches), a cluster of its own, and three records that stop
+    # their tasks; When each one's Worker is SIGKILLed and a new Worker joins after each kill;
+    # Then nothing is lost
+    from parallel_consumer.testing.spark_cluster import SparkCluster
+
+    with SparkCluster(workers=2, cores=1) as cluster:
+        stream_with_workers_killed(
+            cluster, kafka, topic, tmp_path, 60_000, [12_000, 30_000, 48_000], replace=True
+        )
+
+
+def stream_with_workers_killed(
+    cluster: SparkCluster,
+    kafka: KafkaBroker,
+    topic: TopicFactory,
+    tmp_path: Path,
+    records: int,
+    pauses: list[int],
+    *,
+    replace: bool = False,
+) -> None:
+    """``records`` records of 100 keys in 4 partitions, 3 % transient failures, 0.5 % poison,
+    through a streaming query of 2,000-record micro-batches on ``cluster``. The first good
+    record at or after each of ``pauses`` stops its task the first time it is handled; the
+    Worker running that task is then SIGKILLed with its executor and Python workers (and, with
+    ``replace``, a new Worker started). Checked: every good record's output, once each after
+    dropping repeated ``pc.source.id`` values (what a killed task wrote before it died), in
+    per-key order; the poison dead-lettered; each paused record's output made by another
+    Worker than the one killed while it waited."""
     source, output = topic(4), topic(4)
     dlq = f"{source}.dead"
-    marker = tmp_path / "paused"
-    paused = next(
-        i for i in range(3_500, 6_000) if not (is_poison(b"%d" % i) or is_flaky(b"%d" % i))
-    )
+    good = (i for i in range(records) if not (is_poison(b"%d" % i) or is_flaky(b"%d" % i)))
+    paused: dict[int, Path] = {}
+    for index, at in enumerate(pauses):
+        paused[next(i for i in good if i >= at)] = tmp_path / f"paused-{index}"
     produce_inputs(
         kafka.bootstrap_servers,
         source,
         output,
         0,
-        6_000,
+        records,
         100,
-        extra_headers={paused: [(PAUSE_HEADER, str(marker).encode())]},
+        extra_headers={i: [(PAUSE_HEADER, str(marker).encode())] for i, marker in paused.items()},
     )
-    values = [f"{i}".encode() for i in range(6_000)]
+    values = [f"{i}".encode() for i in range(records)]
     poison = {v for v in values if is_poison(v)}
     log = tmp_path / "driver.log"
     settings = {
-        "conf": {**spark_cluster.session_conf(), **QUICK_JIT},
+        "conf": {**cluster.session_conf(), **QUICK_JIT},
         "bootstrap": kafka.bootstrap_servers,
         "source": source,
         "dlq": dlq,
@@ -187,21 +224,21 @@ def test_stream_on_a_standalone_cluster_survives_a_worker_killed_mid_micro_batch
     }
     began = time.monotonic()
     driver = start_driver("stream", settings, log)
-    # When the Worker running that record's task is SIGKILLed (with its executor and Python
-    # workers) while the task waits in the handler
-    deadline = time.monotonic() + 180
-    while not (marker.exists() and marker.read_text().endswith("\n")):
-        assert driver.poll() is None, f"the driver ended before the pause:\n{tail(log)}"
-        assert time.monotonic() < deadline, f"the paused record was not reached:\n{tail(log)}"
-        time.sleep(0.1)
-    groups = {int(g) for g in marker.read_text().split(",")}
-    (victim,) = [i for i, pid in enumerate(spark_cluster.worker_pids) if pid in groups]
-    spark_cluster.kill_worker(victim)
-    survivor = spark_cluster.worker_pids[1 - victim]
-    result = finish(driver, log)
+    killed: dict[int, int] = {}  # paused record -> the Worker killed while it waited
+    for record, marker in paused.items():
+        deadline = time.monotonic() + 180
+        while not (marker.exists() and marker.read_text().endswith("\n")):
+            assert driver.poll() is None, f"the driver ended before the pause:\n{tail(log)}"
+            assert time.monotonic() < deadline, f"the paused record was not reached:\n{tail(log)}"
+            time.sleep(0.1)
+        groups = {int(g) for g in marker.read_text().split(",")}
+        (victim,) = [i for i, pid in enumerate(cluster.worker_pids) if pid in groups]
+        killed[record] = cluster.worker_pids[victim]
+        cluster.kill_worker(victim)
+        if replace:
+            cluster.add_worker(wait=False)
+    result = finish(driver, log, timeout=180 + records / 100)
     elapsed = time.monotonic() - began
-    # Then the query finished on the other Worker: nothing lost, the poison dead-lettered, and
-    # what the killed task wrote before it died is told apart by its origin header
     outputs = read_all(kafka.bootstrap_servers, output)
     unique = first_of_each(outputs, SOURCE_ID)
     assert sorted(int(r.value or b"") for r in unique) == sorted(
@@ -210,9 +247,10 @@ def test_stream_on_a_standalone_cluster_survives_a_worker_killed_mid_micro_batch
     check_key_order(unique)
     letters = first_of_each(read_all(kafka.bootstrap_servers, dlq), SOURCE_ID)
     check_dead_letters(letters, source, poison)
-    (redone,) = [r for r in outputs if r.value == b"%d" % paused]
-    assert worker_of(spark_cluster, redone) == survivor
+    for record, victim_pid in killed.items():
+        (redone,) = [r for r in outputs if r.value == b"%d" % record]
+        assert worker_of(cluster, redone) != victim_pid
     print(
-        f"6,000 records, a worker killed mid-micro-batch: {elapsed:.1f} s; "
+        f"{records:,} records, {len(killed)} worker(s) killed mid-micro-batch: {elapsed:.1f} s; "
         f"{len(outputs) - len(unique)} repeated outputs; {result}"
     )
