@@ -9,6 +9,7 @@ from typing import NamedTuple
 from spark_pipeline import OUTPUT_TOPIC_HEADER
 
 from parallel_consumer import Options, exponential_backoff
+from parallel_consumer.dead_letter import Reason, read_dead_letter
 
 
 class Stored(NamedTuple):
@@ -110,3 +111,16 @@ def first_of_each(records: list[Stored], header: str) -> list[Stored]:
             seen.add(mark)
             kept.append(record)
     return kept
+
+
+def check_dead_letters(letters: list[Stored], source: str, output: str, poison: set[bytes]) -> None:
+    """The dead letters are the poison records, each after its 3 attempts, with the source
+    record's time and its own headers."""
+    assert {r.value for r in letters} == poison
+    for letter in letters:
+        info = read_dead_letter(list(letter.headers.items()))
+        assert info is not None
+        assert (info.topic, info.reason, info.attempts) == (source, Reason.RETRIES_EXHAUSTED, 3)
+        assert info.error_type == "builtins.ValueError"
+        assert info.timestamp is not None  # the source record's time, from Spark's column
+        assert letter.headers[OUTPUT_TOPIC_HEADER] == output.encode()  # its own headers kept

@@ -11,11 +11,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from pipeline_checks import check_key_order, pipeline_options, produce_inputs, read_all
-from spark_pipeline import OUTPUT_TOPIC_HEADER, is_poison, pipeline
+from pipeline_checks import (
+    check_dead_letters,
+    check_key_order,
+    pipeline_options,
+    produce_inputs,
+    read_all,
+)
+from spark_pipeline import is_poison, pipeline
 
 from parallel_consumer import PollContext, ProducerRecord
-from parallel_consumer.dead_letter import Reason, read_dead_letter
 from parallel_consumer.spark import SOURCE_ID, backfill, run_stream
 from parallel_consumer.testing import produce_records
 
@@ -69,15 +74,7 @@ def test_streaming_pipeline_with_failures_then_restart_from_checkpoint(
     assert sorted(int(r.value or b"") for r in outputs) == sorted(
         int(v) for v in values if v not in poison
     )
-    letters = read_all(kafka.bootstrap_servers, dlq)
-    assert {r.value for r in letters} == poison
-    for letter in letters:
-        info = read_dead_letter(list(letter.headers.items()))
-        assert info is not None
-        assert (info.topic, info.reason, info.attempts) == (source, Reason.RETRIES_EXHAUSTED, 3)
-        assert info.error_type == "builtins.ValueError"
-        assert info.timestamp is not None  # the source record's time, from Spark's column
-        assert letter.headers[OUTPUT_TOPIC_HEADER] == output.encode()  # its own headers kept
+    check_dead_letters(read_all(kafka.bootstrap_servers, dlq), source, output, poison)
     # And per-key order holds in the output, and each output names its input
     check_key_order(outputs)
     assert len({r.headers[SOURCE_ID] for r in outputs}) == len(outputs)

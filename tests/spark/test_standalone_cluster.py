@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import spark_pipeline
-from pipeline_checks import Stored, check_key_order, first_of_each, produce_inputs, read_all
+from pipeline_checks import (
+    Stored,
+    check_dead_letters,
+    check_key_order,
+    first_of_each,
+    produce_inputs,
+    read_all,
+)
 from spark_pipeline import (
     CLIENT_HEADER,
     MODULE_HEADER,
@@ -31,7 +38,6 @@ from spark_pipeline import (
     is_poison,
 )
 
-from parallel_consumer.dead_letter import Reason, read_dead_letter
 from parallel_consumer.spark import SOURCE_ID
 
 if TYPE_CHECKING:
@@ -95,15 +101,6 @@ def worker_of(cluster: SparkCluster, output: Stored) -> int:
     return worker
 
 
-def check_dead_letters(letters: list[Stored], source: str, poison: set[bytes]) -> None:
-    assert {r.value for r in letters} == poison
-    for letter in letters:
-        info = read_dead_letter(list(letter.headers.items()))
-        assert info is not None
-        assert (info.topic, info.reason, info.attempts) == (source, Reason.RETRIES_EXHAUSTED, 3)
-        assert info.error_type == "builtins.ValueError"
-
-
 @pytest.mark.timeout(300)
 def test_backfill_on_a_standalone_cluster_ships_the_handler_and_spreads_over_workers(
     spark_cluster: SparkCluster, kafka: KafkaBroker, topic: TopicFactory, tmp_path: Path
@@ -136,7 +133,7 @@ def test_backfill_on_a_standalone_cluster_ships_the_handler_and_spreads_over_wor
     )
     check_key_order(outputs)
     assert len({r.headers[SOURCE_ID] for r in outputs}) == len(outputs)
-    check_dead_letters(read_all(kafka.bootstrap_servers, dlq), source, poison)
+    check_dead_letters(read_all(kafka.bootstrap_servers, dlq), source, output, poison)
     # And the handler ran on both Workers, from the shipped copy of its module, with one client
     # made lazily per Python worker process
     assert {worker_of(spark_cluster, r) for r in outputs} == set(spark_cluster.worker_pids)
@@ -246,7 +243,7 @@ def stream_with_workers_killed(
     )
     check_key_order(unique)
     letters = first_of_each(read_all(kafka.bootstrap_servers, dlq), SOURCE_ID)
-    check_dead_letters(letters, source, poison)
+    check_dead_letters(letters, source, output, poison)
     for record, victim_pid in killed.items():
         (redone,) = [r for r in outputs if r.value == b"%d" % record]
         assert worker_of(cluster, redone) != victim_pid
