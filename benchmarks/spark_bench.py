@@ -442,6 +442,10 @@ def measure_steady(
                 cpu_before = cpu_snapshot()
                 batches = batches_after(last, args.records)
                 cpu = cpu_used(cpu_before, cpu_snapshot())
+                if repetition < args.warmup:
+                    # (a slow early micro-batch may overrun its trigger and split the next)
+                    last = batches[-1]["batchId"]
+                    continue
                 if len(batches) != 1 or batches[0]["numInputRows"] != args.records:
                     raise RuntimeError(
                         f"the records came in {len(batches)} micro-batches (producing them "
@@ -449,8 +453,6 @@ def measure_steady(
                     )
                 progress = batches[0]
                 last = progress["batchId"]
-                if repetition < args.warmup:
-                    continue
                 trigger_s = progress["durationMs"]["triggerExecution"] / 1000
                 run = {
                     "trigger_s": trigger_s,
