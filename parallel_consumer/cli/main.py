@@ -2,9 +2,9 @@
 
 ``pc demo`` processes keyed records on a local broker; ``pc kafka start`` runs a local broker
 until Ctrl-C; ``pc kafka resolve`` fills the broker jar cache (``pc spark resolve``: Spark's
-Kafka connector jars); ``pc dlq show`` and ``pc dlq redrive`` inspect and re-publish
-dead-lettered records; ``pc offsets`` shows a group's committed offsets with their decoded
-offset maps and lag.
+Kafka connector jars); ``pc spark cluster`` runs a Spark standalone cluster until Ctrl-C;
+``pc dlq show`` and ``pc dlq redrive`` inspect and re-publish dead-lettered records;
+``pc offsets`` shows a group's committed offsets with their decoded offset maps and lag.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import argparse
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 from parallel_consumer import __version__
@@ -23,6 +24,7 @@ from parallel_consumer.cli.brokers import CommandError, verbose
 from parallel_consumer.errors import ConfigurationError
 from parallel_consumer.testing import _apache_kafka
 from parallel_consumer.testing.local_kafka import DEFAULT_KAFKA_VERSION, LocalKafka, LocalKafkaError
+from parallel_consumer.testing.spark_cluster import SparkCluster, SparkClusterError
 
 __all__ = ["main"]
 
@@ -71,6 +73,19 @@ def _parser() -> argparse.ArgumentParser:
         help="download Spark's Kafka connector jars with Maven into the cache (once); needs "
         "the spark extra",
     )
+    cluster = spark_commands.add_parser(
+        "cluster",
+        help="run a Spark standalone cluster on this machine (a Master and Workers from the "
+        "installed pyspark, on loopback) until Ctrl-C; needs the spark extra and Java",
+    )
+    cluster.add_argument("--workers", type=int, default=2, help="Workers (default 2)")
+    cluster.add_argument("--cores", type=int, default=1, help="cores per Worker (default 1)")
+    cluster.add_argument(
+        "--memory", default="1g", help="memory a Worker offers its executors (default 1g)"
+    )
+    cluster.add_argument(
+        "--executor-memory", default="512m", help="in the printed settings (default 512m)"
+    )
 
     demo.add_parser(commands)
     dlq.add_parser(commands)
@@ -88,12 +103,6 @@ def _kafka_start(args: argparse.Namespace) -> int:
         broker.start()  # Ctrl-C here raises KeyboardInterrupt; start() stops what it began
     except KeyboardInterrupt:
         return 130
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         print(broker.bootstrap_servers, flush=True)
         print(
@@ -102,14 +111,54 @@ def _kafka_start(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+        return _until_stopped(lambda: broker.running, f"the broker exited; see {broker.log_path}")
+    finally:
+        broker.stop()
+
+
+def _spark_cluster(args: argparse.Namespace) -> int:
+    cluster = SparkCluster(
+        args.workers, cores=args.cores, memory=args.memory, executor_memory=args.executor_memory
+    )
+    began = time.monotonic()
+    try:
+        cluster.start()  # Ctrl-C here raises KeyboardInterrupt; start() stops what it began
+    except KeyboardInterrupt:
+        return 130
+    try:
+        print(cluster.master_url, flush=True)
+        settings = " ".join(f"--conf {k}={v}" for k, v in cluster.session_conf().items())
+        print(
+            f"{args.workers} Spark workers of {args.cores} core(s) ready in "
+            f"{time.monotonic() - began:.1f} s; logs in {cluster.directory}; drivers use "
+            f"{settings}; Ctrl-C stops it.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return _until_stopped(
+            lambda: cluster.running, f"a Spark daemon exited; see {cluster.directory}"
+        )
+    finally:
+        cluster.stop()
+
+
+def _until_stopped(running: Callable[[], bool], exited: str) -> int:
+    """Wait for Ctrl-C or SIGTERM (0) or for what runs to exit by itself (1, printing
+    ``exited``)."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
         while not stop.wait(0.5):
-            if not broker.running:
-                print(f"the broker exited; see {broker.log_path}", file=sys.stderr)
+            if not running():
+                print(exited, file=sys.stderr)
                 return 1
         print("stopping", file=sys.stderr, flush=True)
         return 0
     finally:
-        broker.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
@@ -132,6 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             lib = _apache_kafka.resolve_jars(args.version)
             print(lib)
             return 0
+        if args.command == "spark" and args.spark_command == "cluster":
+            return _spark_cluster(args)
         if args.command == "spark" and args.spark_command == "resolve":
             from parallel_consumer.spark.jars import connector_jars
 
@@ -145,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 1
             print("\n".join(str(jar) for jar in found))
             return 0
-    except (LocalKafkaError, ConfigurationError, CommandError) as exc:
+    except (LocalKafkaError, SparkClusterError, ConfigurationError, CommandError) as exc:
         print(f"pc: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -97,7 +97,13 @@ class BrokerProcess:
     """
 
     def __init__(
-        self, argv: Sequence[str], *, log_path: Path, cwd: Path, cleanup_dir: Path | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: Path,
+        cwd: Path,
+        cleanup_dir: Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.log_path = log_path
         self._owner = os.getpid()
@@ -109,6 +115,7 @@ class BrokerProcess:
             self._popen = subprocess.Popen(
                 list(argv),
                 cwd=cwd,
+                env=None if env is None else dict(env),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
