@@ -57,6 +57,12 @@ CLIENTS = 4
 IDLE_WAIT = 0.005
 #: The epoch of every shared assignment: a share group has no rebalance of partitions.
 EPOCH = 1
+#: Acknowledgements normally travel with the client's next poll. One that waited this long (a
+#: slow record of the same poll, a pause, no credit) is sent on its own (``commit_sync``), long
+#: before the record's acquisition lock (15 s at least) could expire.
+ACK_FLUSH_AFTER = 1.0
+#: How long that ``commit_sync`` may block the poller thread.
+ACK_FLUSH_TIMEOUT = 2.0
 
 _NOT_APPLICABLE = re.compile(r"`([^`]+)` is not applicable for share consumer")
 
@@ -99,12 +105,14 @@ def _unsupported(exc: BaseException) -> ConfigurationError | None:
 
 
 class _Client:
-    __slots__ = ("client", "out")
+    __slots__ = ("client", "out", "unsent_since")
 
     def __init__(self, client: Any) -> None:
         self.client = client
         #: Records of its last polls the engine has not let go of yet.
         self.out = 0
+        #: When its oldest acknowledgement not sent to the broker yet was made (None: none).
+        self.unsent_since: float | None = None
 
 
 class SharePoller:
@@ -221,6 +229,7 @@ class SharePoller:
                 if self._stopping:
                     break
                 polled = self._poll_once()
+                self._flush_acknowledgements()
                 self._publish()
                 if not polled:
                     self._run_commands(block=True)
@@ -301,6 +310,35 @@ class SharePoller:
             except Exception as exc:
                 self.refused += 1
                 log.warning("acknowledging %s[%d]@%d failed: %s", *tp, offset, exc)
+            else:
+                if c.unsent_since is None:
+                    c.unsent_since = time.monotonic()
+
+    def _flush_acknowledgements(self) -> None:
+        """Send the acknowledgements that waited ACK_FLUSH_AFTER for their client's next poll:
+        a slow record of the same poll, a pause or a lack of credit would otherwise keep them
+        here past the records' locks, and the broker would deliver them again. (A blocking
+        ``commit_sync``: its answer is in before the client's next call, which a
+        ``commit_async`` would share a share session with.)"""
+        due = time.monotonic() - ACK_FLUSH_AFTER
+        for c in self._clients:
+            since = c.unsent_since
+            if since is None or since > due:
+                continue
+            c.unsent_since = None
+            try:
+                answers = c.client.commit_sync(ACK_FLUSH_TIMEOUT)
+            except Exception as exc:
+                log.warning("sending share acknowledgements failed: %s", exc)
+                continue
+            refused = [tp for tp, error in (answers or {}).items() if error is not None]
+            if refused:
+                log.warning(
+                    "the broker refused the share acknowledgements of %d partitions: those "
+                    "records are delivered again (%s)",
+                    len(refused),
+                    answers,
+                )
 
     def _on_acknowledged(self, offsets: Any, error: Any) -> None:
         if error is not None:
@@ -328,6 +366,7 @@ class SharePoller:
             if c.out:
                 continue
             self._last_poll = time.monotonic()
+            c.unsent_since = None  # (the poll carries its acknowledgements)
             messages = c.client.poll(0)
             if messages:
                 self._client_log.reachable()

@@ -17,6 +17,7 @@ from parallel_consumer._events import (
     PollerFailed,
     RecordsPolled,
     Release,
+    SetPaused,
     StopPoller,
 )
 from parallel_consumer.kafka.share.poller import SharePoller
@@ -50,6 +51,8 @@ class FakeShareConsumer:
         self.acks: list[tuple[int, int, Any]] = []
         self.polled = 0
         self.closed = False
+        #: The acknowledgements made so far, at each commit_sync.
+        self.committed: list[list[tuple[int, int, Any]]] = []
 
     def set_acknowledgement_commit_callback(self, callback: Any) -> None:
         self.callback = callback
@@ -72,6 +75,10 @@ class FakeShareConsumer:
 
     def acknowledge_offset(self, topic: str, partition: int, offset: int, ack_type: Any) -> None:
         self.acks.append((partition, offset, ack_type))
+
+    def commit_sync(self, timeout: float = 60) -> dict[Any, Any]:
+        self.committed.append(list(self.acks))
+        return {}
 
     def close(self) -> None:
         self.closed = True
@@ -170,3 +177,38 @@ def test_rebalance_callbacks_are_refused() -> None:
     with pytest.raises(ConfigurationError, match="no partition assignment"):
         poller.subscribe(["t"], on_assign=lambda c, p: None)
     poller.close_unstarted()
+
+
+def test_acknowledgements_go_to_the_broker_while_polling_is_paused() -> None:
+    # Given a client whose one record the engine accepts while every partition is paused
+    poller, (client,), events = _poller(clients=1)
+    client.polls.put([Record(0, 1)])
+    poller.start()
+    try:
+        _wait(lambda: any(isinstance(e, RecordsPolled) for e in events))
+        poller.send(SetPaused(frozenset({("t", 0)})))
+        poller.send(Acknowledge(((("t", 0), 1, True),)))
+        # Then the acceptance is sent without a poll (one would carry it, but none comes while
+        # paused; past the record's lock the broker would hand it to another member again)
+        _wait(lambda: client.committed == [[(0, 1, AcknowledgeType.ACCEPT)]])
+        polled = client.polled
+        time.sleep(0.05)
+        assert client.polled == polled
+    finally:
+        poller.send(StopPoller())
+        assert poller.join(5)
+
+
+def test_acknowledgements_of_a_poll_with_a_slow_record_go_to_the_broker_before_it_ends() -> None:
+    # Given a client that polled two records, one finished and one still running
+    poller, (client,), events = _poller(clients=1)
+    client.polls.put([Record(0, 1), Record(0, 2)])
+    poller.start()
+    try:
+        _wait(lambda: any(isinstance(e, RecordsPolled) for e in events))
+        poller.send(Acknowledge(((("t", 0), 1, True),)))
+        # Then the finished one's acceptance is sent while the other still runs
+        _wait(lambda: client.committed == [[(0, 1, AcknowledgeType.ACCEPT)]])
+    finally:
+        poller.send(StopPoller())
+        assert poller.join(5)

@@ -1,0 +1,73 @@
+"""Share groups (KIP-932) on a real broker under pressure: a small credit against large producer
+batches, a record that outlives its acquisition lock (docs/share-groups.md)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+from engine_support import wait_until
+from share_support import share_config
+
+from parallel_consumer import Options, ParallelConsumer, PollContext
+from parallel_consumer.testing import produce_records
+from parallel_consumer.testing.pytest_plugin import KafkaBroker, TopicFactory
+
+pytestmark = [pytest.mark.kafka, pytest.mark.kafka_requires("share_groups")]
+
+PRODUCE_TIMEOUT = 120.0
+#: The shortest acquisition lock a group may have (group.share.min.record.lock.duration.ms).
+SHORTEST_LOCK = 15.0
+
+
+def _share(**options: Any) -> Options:
+    return Options(group_protocol="share", ordering="unordered", **options)
+
+
+def _group() -> str:
+    return f"pc-share-{uuid.uuid4().hex[:8]}"
+
+
+def test_records_finished_beside_a_record_that_outlives_its_lock_are_not_delivered_again(
+    kafka: KafkaBroker, topic: TopicFactory
+) -> None:
+    # Given 100 records in one producer batch (one poll of one client takes them all), the
+    # first of which runs past the group's acquisition lock
+    source = topic(1)
+    lock_ms = str(int(SHORTEST_LOCK * 1000))
+    config = share_config(
+        kafka.bootstrap_servers, _group(), **{"share.record.lock.duration.ms": lock_ms}
+    )
+    produce_records(
+        kafka.bootstrap_servers,
+        source,
+        100,
+        partitions=[0],
+        producer_config={"linger.ms": 200},
+        timeout=PRODUCE_TIMEOUT,
+    )
+    seen: Counter[int] = Counter()
+    lock = threading.Lock()
+
+    def handle(ctx: PollContext) -> None:
+        if ctx.offset == 0 and ctx.attempts == 0:
+            time.sleep(SHORTEST_LOCK + 3)
+        with lock:
+            seen[ctx.offset] += 1
+
+    pc = ParallelConsumer(config, _share(max_concurrency=8))
+    try:
+        pc.subscribe(source)
+        pc.poll(handle)
+        wait_until(lambda: len(seen) == 99, timeout=60, what="the 99 quick records processed")
+        # When the slow one finishes, past its lock
+        wait_until(lambda: seen[0] >= 1, timeout=60, what="the slow record done")
+        time.sleep(2.0)
+        # Then the 99 others were accepted in time: none came back (only the slow one may)
+        assert {o: n for o, n in seen.items() if o and n > 1} == {}
+    finally:
+        pc.close()
