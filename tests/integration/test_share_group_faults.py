@@ -71,3 +71,42 @@ def test_records_finished_beside_a_record_that_outlives_its_lock_are_not_deliver
         assert {o: n for o, n in seen.items() if o and n > 1} == {}
     finally:
         pc.close()
+
+
+def test_records_beyond_a_small_credit_come_to_the_handler_on_their_first_delivery(
+    kafka: KafkaBroker, topic: TopicFactory
+) -> None:
+    # Given 2,000 records written as large producer batches (a share fetch hands a member
+    # whole batches, whatever max.poll.records says)
+    source = topic(1)
+    config = share_config(kafka.bootstrap_servers, _group())
+    produce_records(
+        kafka.bootstrap_servers,
+        source,
+        2_000,
+        partitions=[0],
+        producer_config={"linger.ms": 200, "batch.num.messages": 10_000},
+        timeout=PRODUCE_TIMEOUT,
+    )
+    attempts: dict[int, list[int]] = {}
+    lock = threading.Lock()
+
+    def handle(ctx: PollContext) -> None:
+        time.sleep(0.001)
+        with lock:
+            attempts.setdefault(ctx.offset, []).append(ctx.attempts)
+
+    # When one instance with credit for 20 records reads them
+    pc = ParallelConsumer(
+        config, _share(max_buffered_records=20, fetch_batch_size=10, max_concurrency=8)
+    )
+    try:
+        pc.subscribe(source)
+        pc.poll(handle)
+        wait_until(lambda: len(attempts) == 2_000, timeout=60, what="every record processed")
+    finally:
+        pc.close()
+    # Then each ran once, on its first delivery: what the credit could not take waited for it
+    # instead of going back to the broker (each release raises the delivery count, which is
+    # ctx.attempts and counts against max_retries and share.delivery.count.limit)
+    assert {o: a for o, a in attempts.items() if a != [0]} == {}

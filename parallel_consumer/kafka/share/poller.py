@@ -6,7 +6,10 @@ would hold the engine to one poll's records at a time (and a single slow record 
 everything), so an instance runs several clients (``clients``) and polls whichever has nothing
 outstanding, while the credit allows (``work/credit.py``, the same bound as on a consumer group).
 A poll may return more than asked (the broker hands out whole producer batches): what the credit
-cannot take is released at once, for other members, rather than hoarded past its lock.
+cannot take waits here (no client polls meanwhile) and goes to the engine as credit returns; what
+waited SURPLUS_HOLD is released for other members rather than hoarded towards its lock. (Released
+at once, it would come back with its delivery count raised, which is the engine's attempt count:
+records that never failed reached the broker's delivery limit that way.)
 
 Each partition the clients see is announced to the engine once as a *shared* assignment
 (``work/shared.py``): records come in any order and again after a release, nothing is
@@ -23,6 +26,7 @@ import queue
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -57,6 +61,9 @@ CLIENTS = 4
 IDLE_WAIT = 0.005
 #: The epoch of every shared assignment: a share group has no rebalance of partitions.
 EPOCH = 1
+#: How long records of a poll beyond the credit wait here for credit before they are released
+#: for other members (a third of the shortest acquisition lock a group may have, 15 s).
+SURPLUS_HOLD = 5.0
 #: Acknowledgements normally travel with the client's next poll. One that waited this long (a
 #: slow record of the same poll, a pause, no credit) is sent on its own (``commit_sync``), long
 #: before the record's acquisition lock (15 s at least) could expire.
@@ -147,13 +154,16 @@ class SharePoller:
         self._credit = Credit(limit, fetch_batch)
         #: (tp, offset) -> the client that acquired it, while the engine holds it.
         self._held: dict[tuple[TopicPartition, int], _Client] = {}
+        #: Records of a poll beyond the credit, in poll order: (acquired at, client, record).
+        self._surplus: deque[tuple[float, _Client, Any]] = deque()
         #: Partitions announced to the engine.
         self._known: set[TopicPartition] = set()
         self._paused = False
         self._stopping = False
         self._next = 0
         self._last_poll: float | None = None
-        #: Acquired records released at once: beyond the credit, or already held here.
+        #: Acquired records released unprocessed: beyond the credit for SURPLUS_HOLD, or
+        #: already held here.
         self.released_surplus = 0
         #: Acknowledgements the broker refused (their lock had expired: delivered again).
         self.refused = 0
@@ -243,7 +253,21 @@ class SharePoller:
         finally:
             self._stopping = True
             self._publish()
+            self._release_surplus()
             self._close_clients()
+
+    def _release_surplus(self) -> None:
+        """Closing: the records beyond the credit go back at once (with the clients' close)."""
+        if not self._surplus:
+            return
+        from confluent_kafka import AcknowledgeType
+
+        while self._surplus:
+            _, c, message = self._surplus.popleft()
+            try:
+                self._release_unprocessed(c, message, AcknowledgeType.RELEASE)
+            except Exception:
+                log.warning("releasing a share record failed", exc_info=True)
 
     def _close_clients(self) -> None:
         """Close every client at once (each sends its acknowledgements and leaves the group,
@@ -354,6 +378,8 @@ class SharePoller:
     def _poll_once(self) -> bool:
         """Poll each client that has nothing out, while the credit allows; True if records
         came."""
+        if self._surplus:
+            return self._hand_over_surplus()
         if self._paused:
             return False
         clients = self._clients
@@ -382,6 +408,7 @@ class SharePoller:
         batches: dict[TopicPartition, tuple[int, list[Any]]] = {}
         new: list[TopicPartition] = []
         taken = 0
+        now = time.monotonic()
         for message in messages:
             error = message.error()
             if error is not None:
@@ -391,27 +418,63 @@ class SharePoller:
                 continue
             tp = (message.topic(), message.partition())
             key = (tp, message.offset())
-            if taken >= available or key in held:
-                # Beyond the credit, or delivered again while its earlier delivery is still
-                # here (its lock expired): give it back for other members.
+            if key in held:
+                # Delivered again while its earlier delivery is still here (its lock expired):
+                # give it back for other members.
                 self.released_surplus += 1
                 c.client.acknowledge(message, AcknowledgeType.RELEASE)
                 continue
-            taken += 1
             held[key] = c
+            c.out += 1
             if tp not in self._known:
                 self._known.add(tp)
                 new.append(tp)
+            if taken >= available:
+                self._surplus.append((now, c, message))  # (waits for credit)
+                continue
+            taken += 1
             batches.setdefault(tp, (EPOCH, []))[1].append(message)
         if new:
             assignments = tuple(Assignment(tp, EPOCH, None, None, shared=True) for tp in new)
             self._post(PartitionsAssigned(assignments))
         if not taken:
             return False
-        c.out += taken
         self._credit.take(taken)
         self._post(RecordsPolled(batches))
         return True
+
+    def _hand_over_surplus(self) -> bool:
+        """Release the records beyond the credit that waited SURPLUS_HOLD (with the paused,
+        every one that waited it) and hand what the credit takes of the others to the engine
+        (none while paused); True if records went."""
+        from confluent_kafka import AcknowledgeType
+
+        surplus = self._surplus
+        expired = time.monotonic() - SURPLUS_HOLD
+        while surplus and surplus[0][0] <= expired:
+            _, c, message = surplus.popleft()
+            self._release_unprocessed(c, message, AcknowledgeType.RELEASE)
+        if self._paused or not surplus:
+            return False
+        count = min(self._credit.available, len(surplus))
+        if not count:
+            return False
+        batches: dict[TopicPartition, tuple[int, list[Any]]] = {}
+        for _ in range(count):
+            _, c, message = surplus.popleft()
+            batches.setdefault((message.topic(), message.partition()), (EPOCH, []))[1].append(
+                message
+            )
+        self._credit.take(count)
+        self._post(RecordsPolled(batches))
+        return True
+
+    def _release_unprocessed(self, c: _Client, message: Any, release: Any) -> None:
+        """Give ``message`` (acquired by ``c``, never handed to the engine) back to the broker."""
+        self._held.pop(((message.topic(), message.partition()), message.offset()), None)
+        c.out -= 1
+        self.released_surplus += 1
+        c.client.acknowledge(message, release)
 
     def __repr__(self) -> str:
         return (

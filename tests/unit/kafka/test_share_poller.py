@@ -20,6 +20,7 @@ from parallel_consumer._events import (
     SetPaused,
     StopPoller,
 )
+from parallel_consumer.kafka.share import poller as poller_module
 from parallel_consumer.kafka.share.poller import SharePoller
 
 
@@ -146,7 +147,39 @@ def test_records_are_handed_over_and_each_acknowledgement_goes_to_the_client_tha
     assert second.closed
 
 
-def test_records_beyond_the_credit_are_released_at_once() -> None:
+def test_records_beyond_the_credit_wait_for_it_and_are_not_released(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a poll of 5 records with credit for 3 (the broker hands out whole batches)
+    monkeypatch.setattr(poller_module, "SURPLUS_HOLD", 60.0)
+    poller, (client,), events = _poller(limit=3, clients=1)
+    client.polls.put([Record(0, o) for o in range(5)])
+    client.polls.put([Record(0, 9)])
+    poller.start()
+    try:
+        _wait(lambda: any(isinstance(e, RecordsPolled) for e in events))
+        assert poller.statistics().held == 3
+        # When the engine finishes the first 3
+        poller.send(Acknowledge(tuple((("t", 0), o, True) for o in range(3))))
+        poller.send(Release(3))
+        # Then the other 2 follow, unreleased (a release raises their delivery count, which is
+        # their attempt count), and the client polls again only once they are acknowledged
+        _wait(lambda: sum(isinstance(e, RecordsPolled) for e in events) == 2)
+        polls = [e for e in events if isinstance(e, RecordsPolled)]
+        assert [[m.offset() for m in p.batches[("t", 0)][1]] for p in polls] == [[0, 1, 2], [3, 4]]
+        assert [kind for _, _, kind in client.acks] == [AcknowledgeType.ACCEPT] * 3
+        polled = client.polled
+        time.sleep(0.05)
+        assert client.polled == polled
+    finally:
+        poller.send(StopPoller())
+        assert poller.join(5)
+
+
+def test_records_beyond_the_credit_are_released_once_they_waited_the_surplus_hold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(poller_module, "SURPLUS_HOLD", 0.05)
     poller, (client,), events = _poller(limit=3, clients=1)
     client.polls.put([Record(0, o) for o in range(5)])
     poller.start()
@@ -154,11 +187,24 @@ def test_records_beyond_the_credit_are_released_at_once() -> None:
         _wait(lambda: any(isinstance(e, RecordsPolled) for e in events))
         [polled] = [e for e in events if isinstance(e, RecordsPolled)]
         assert [m.offset() for m in polled.batches[("t", 0)][1]] == [0, 1, 2]
+        _wait(lambda: len(client.acks) == 2)
         assert client.acks == [(0, 3, AcknowledgeType.RELEASE), (0, 4, AcknowledgeType.RELEASE)]
         assert poller.statistics().held == 3
+        assert poller.released_surplus == 2
     finally:
         poller.send(StopPoller())
         assert poller.join(5)
+
+
+def test_records_beyond_the_credit_are_released_on_close() -> None:
+    poller, (client,), events = _poller(limit=3, clients=1)
+    client.polls.put([Record(0, o) for o in range(5)])
+    poller.start()
+    _wait(lambda: any(isinstance(e, RecordsPolled) for e in events))
+    poller.send(StopPoller())
+    assert poller.join(5)
+    assert client.acks == [(0, 3, AcknowledgeType.RELEASE), (0, 4, AcknowledgeType.RELEASE)]
+    assert client.closed
 
 
 def test_a_broker_without_share_groups_fails_with_an_error_that_says_so() -> None:
