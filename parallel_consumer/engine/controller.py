@@ -368,6 +368,7 @@ class Controller:
         elif action == "pause":
             if self.lifecycle is Lifecycle.RUNNING:
                 self.lifecycle = Lifecycle.PAUSED
+                self.rebalance.release_unstarted()  # (a share group: for other members)
             event.reply.set_result(self.lifecycle)
         elif action == "resume":
             if self.lifecycle is Lifecycle.PAUSED:

@@ -265,3 +265,41 @@ def test_health_and_statistics_describe_a_share_group(
     assert stats.lifecycle is Lifecycle.RUNNING
     report = pc.health()
     assert report.healthy, report
+
+
+def test_a_pause_releases_the_records_not_started_and_the_call_running_finishes(
+    started: Callable[..., tuple[ParallelConsumer, Broker]],
+) -> None:
+    # Given record 5 waiting for its retry, one worker busy with one of records 0-4 and the
+    # other four waiting for it (in their lane or queued in the runner)
+    go = threading.Event()
+    running: list[int] = []
+
+    def handle(ctx: PollContext) -> None:
+        if ctx.offset == 5:
+            raise ValueError("transient")
+        if not running:
+            running.append(ctx.offset)
+            go.wait(5)
+
+    pc, broker = started([Record(5)], _share(max_concurrency=1, max_retries=3, retry_delay=3.0))
+    pc.poll(handle)
+    _wait(lambda: pc.statistics().records_failed == 1)
+    with broker.lock:
+        broker.pending = [Record(o) for o in range(5)]
+    _wait(lambda: running and pc.statistics().waiting + pc.statistics().in_flight == 5)
+    # When the instance is paused (longer, say, than the records' acquisition lock)
+    pc.pause()
+    # Then the records not started go back to the broker at once, for other members
+    [busy] = running
+    others = [o for o in range(6) if o != busy]
+    _wait(lambda: all(broker.acks_of(o) == [RELEASE] for o in others))
+    # And the call running finishes and is accepted
+    go.set()
+    _wait(lambda: broker.acks_of(busy) == [ACCEPT])
+    assert pc.statistics().records_succeeded == 1
+    # And once resumed, the instance takes records again
+    pc.resume()
+    with broker.lock:
+        broker.pending = [Record(o) for o in range(6, 9)]
+    _wait(lambda: all(broker.acks_of(o) == [ACCEPT] for o in range(6, 9)))
