@@ -102,9 +102,10 @@ class Rebalance:
                 ledger.to_release += len(batch.items)
 
     def release_unstarted(self) -> None:
-        """A share group paused: the records waiting in their lanes or for a retry go back to
-        the broker (released) for other members, rather than sit here past their acquisition
-        lock (docs/share-groups.md); so do the calls the runner has not started. Those running
+        """A share group paused (each turn: records polled just before the pause arrive after
+        it): the records waiting in their lanes or for a retry go back to the broker (released)
+        for other members, rather than sit here past their acquisition lock
+        (docs/share-groups.md); so do the calls the runner has not started. Those running
         finish."""
         ledger = self._ledger
         if ledger.acks is None:
