@@ -122,6 +122,13 @@ class _Client:
         self.unsent_since: float | None = None
 
 
+def _unsent(c: _Client) -> None:
+    """``c`` has an acknowledgement to send (with its next poll, or on its own: see
+    :meth:`SharePoller._flush_acknowledgements`)."""
+    if c.unsent_since is None:
+        c.unsent_since = time.monotonic()
+
+
 class SharePoller:
     """Owns the share consumers. Every method except :meth:`send`, :meth:`join`,
     :meth:`statistics` and the set-up calls runs on the poller thread."""
@@ -335,8 +342,7 @@ class SharePoller:
                 self.refused += 1
                 log.warning("acknowledging %s[%d]@%d failed: %s", *tp, offset, exc)
             else:
-                if c.unsent_since is None:
-                    c.unsent_since = time.monotonic()
+                _unsent(c)
 
     def _flush_acknowledgements(self) -> None:
         """Send the acknowledgements that waited ACK_FLUSH_AFTER for their client's next poll:
@@ -423,6 +429,7 @@ class SharePoller:
                 # give it back for other members.
                 self.released_surplus += 1
                 c.client.acknowledge(message, AcknowledgeType.RELEASE)
+                _unsent(c)
                 continue
             held[key] = c
             c.out += 1
@@ -475,6 +482,7 @@ class SharePoller:
         c.out -= 1
         self.released_surplus += 1
         c.client.acknowledge(message, release)
+        _unsent(c)
 
     def __repr__(self) -> str:
         return (

@@ -258,3 +258,22 @@ def test_acknowledgements_of_a_poll_with_a_slow_record_go_to_the_broker_before_i
     finally:
         poller.send(StopPoller())
         assert poller.join(5)
+
+
+def test_released_surplus_goes_to_the_broker_while_the_client_still_has_records_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a poll of 5 records with credit for 3, the engine still busy with its 3
+    monkeypatch.setattr(poller_module, "SURPLUS_HOLD", 0.05)
+    monkeypatch.setattr(poller_module, "ACK_FLUSH_AFTER", 0.05)
+    poller, (client,), _ = _poller(limit=3, clients=1)
+    client.polls.put([Record(0, o) for o in range(5)])
+    poller.start()
+    try:
+        # Then the 2 released once they waited are sent to the broker, for other members,
+        # without waiting for the client's next poll (which waits for the other 3)
+        released = [(0, 3, AcknowledgeType.RELEASE), (0, 4, AcknowledgeType.RELEASE)]
+        _wait(lambda: client.committed == [released])
+    finally:
+        poller.send(StopPoller())
+        assert poller.join(5)
