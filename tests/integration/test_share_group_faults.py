@@ -110,3 +110,53 @@ def test_records_beyond_a_small_credit_come_to_the_handler_on_their_first_delive
     # instead of going back to the broker (each release raises the delivery count, which is
     # ctx.attempts and counts against max_retries and share.delivery.count.limit)
     assert {o: a for o, a in attempts.items() if a != [0]} == {}
+
+
+def test_a_paused_instance_lets_other_members_take_the_records_it_had_not_started(
+    kafka: KafkaBroker, topic: TopicFactory
+) -> None:
+    # Given an instance that took 300 records and works through them one at a time
+    source = topic(1)
+    config = share_config(
+        kafka.bootstrap_servers, _group(), **{"share.record.lock.duration.ms": "60000"}
+    )
+    produce_records(
+        kafka.bootstrap_servers,
+        source,
+        300,
+        partitions=[0],
+        producer_config={"linger.ms": 200},
+        timeout=PRODUCE_TIMEOUT,
+    )
+    done: Counter[int] = Counter()
+    lock = threading.Lock()
+
+    def handle(ctx: PollContext) -> None:
+        time.sleep(0.05)
+        with lock:
+            done[ctx.offset] += 1
+
+    slow = ParallelConsumer(config, _share(max_concurrency=1))
+    other = ParallelConsumer(config, _share(max_concurrency=16))
+    try:
+        slow.subscribe(source)
+        slow.poll(handle)
+        wait_until(lambda: len(done) >= 5, timeout=60, what="the first records processed")
+        # And another member of the group, idle: the first one holds every record
+        other.subscribe(source)
+        other.poll(handle)
+        time.sleep(3.0)  # (joined: heartbeats every 0.5 s)
+        # When the first one is paused
+        slow.pause()
+        # Then the other member processes the rest long before the records' lock (60 s) ends
+        # (without the release they would come back only then)
+        wait_until(
+            lambda: len(done) == 300,
+            timeout=25,
+            what="every record processed",
+            show=lambda: (len(done), slow.statistics().poller, other.statistics().poller),
+        )
+        assert sum(done.values()) == 300, {o: n for o, n in done.items() if n > 1}
+    finally:
+        slow.close()
+        other.close()
