@@ -229,10 +229,8 @@ class Controller:
             except queue.Empty:
                 event = None
         now = clock.monotonic()
-        if ledger.retries:
-            due = ledger.pop_due_retries(now)
-            if due:
-                ledger.retry_now(self.delivery.resend_letters(due))
+        if ledger.retries and (due := ledger.pop_due_retries(now)):
+            ledger.retry_now(self.delivery.resend_letters(due))
         for tp in ledger.commits.take_to_unpark():
             ledger.shards.unpark(tp)
         due_at = dispatch.deadlines.next_at()
@@ -244,8 +242,9 @@ class Controller:
             self._write_due_letters()
         if self.lifecycle is Lifecycle.RUNNING or self.lifecycle is Lifecycle.DRAINING:
             runs = self.runs
-            runs_out = runs.start_runs() if runs.runs.queued else runs.workers_out()
-            dispatch.dispatch(now, runs_out)
+            dispatch.dispatch(now, runs.start_runs() if runs.runs.queued else runs.workers_out())
+        elif self.lifecycle is Lifecycle.PAUSED:
+            self.rebalance.release_unstarted()  # (a share group: for other members, each turn)
         self.commits.tick(now, self._parts.drained)
         outputs = self.delivery.outputs
         if outputs is not None and outputs.backlog:

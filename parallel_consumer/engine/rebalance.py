@@ -101,6 +101,24 @@ class Rebalance:
             if batch is not None:
                 ledger.to_release += len(batch.items)
 
+    def release_unstarted(self) -> None:
+        """A share group paused (each turn: records polled just before the pause arrive after
+        it): the records waiting in their lanes or for a retry go back to the broker (released)
+        for other members, rather than sit here past their acquisition lock
+        (docs/share-groups.md); so do the calls the runner has not started. Those running
+        finish."""
+        ledger = self._ledger
+        if ledger.acks is None:
+            return  # (a consumer group keeps them: no lock runs out)
+        for retry in ledger.retries.pop_due(float("inf")):
+            ledger.release(retry)
+        while (waiting := ledger.shards.take({})) is not None:
+            ledger.release(waiting)
+        for batch_id in self._dispatch.runner.cancel_queued():
+            batch = self._dispatch.take_back(batch_id)
+            for queued in batch.items if batch is not None else ():
+                ledger.release(queued)
+
     def forget(self, tp: TopicPartition) -> None:
         """``tp`` is no longer ours: each part lets go of it, in this order."""
         ledger = self._ledger

@@ -6,7 +6,10 @@ would hold the engine to one poll's records at a time (and a single slow record 
 everything), so an instance runs several clients (``clients``) and polls whichever has nothing
 outstanding, while the credit allows (``work/credit.py``, the same bound as on a consumer group).
 A poll may return more than asked (the broker hands out whole producer batches): what the credit
-cannot take is released at once, for other members, rather than hoarded past its lock.
+cannot take waits here (no client polls meanwhile) and goes to the engine as credit returns; what
+waited SURPLUS_HOLD is released for other members rather than hoarded towards its lock. (Released
+at once, it would come back with its delivery count raised, which is the engine's attempt count:
+records that never failed reached the broker's delivery limit that way.)
 
 Each partition the clients see is announced to the engine once as a *shared* assignment
 (``work/shared.py``): records come in any order and again after a release, nothing is
@@ -23,6 +26,7 @@ import queue
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -57,6 +61,15 @@ CLIENTS = 4
 IDLE_WAIT = 0.005
 #: The epoch of every shared assignment: a share group has no rebalance of partitions.
 EPOCH = 1
+#: How long records of a poll beyond the credit wait here for credit before they are released
+#: for other members (a third of the shortest acquisition lock a group may have, 15 s).
+SURPLUS_HOLD = 5.0
+#: Acknowledgements normally travel with the client's next poll. One that waited this long (a
+#: slow record of the same poll, a pause, no credit) is sent on its own (``commit_sync``), long
+#: before the record's acquisition lock (15 s at least) could expire.
+ACK_FLUSH_AFTER = 1.0
+#: How long that ``commit_sync`` may block the poller thread.
+ACK_FLUSH_TIMEOUT = 2.0
 
 _NOT_APPLICABLE = re.compile(r"`([^`]+)` is not applicable for share consumer")
 
@@ -99,12 +112,21 @@ def _unsupported(exc: BaseException) -> ConfigurationError | None:
 
 
 class _Client:
-    __slots__ = ("client", "out")
+    __slots__ = ("client", "out", "unsent_since")
 
     def __init__(self, client: Any) -> None:
         self.client = client
         #: Records of its last polls the engine has not let go of yet.
         self.out = 0
+        #: When its oldest acknowledgement not sent to the broker yet was made (None: none).
+        self.unsent_since: float | None = None
+
+
+def _unsent(c: _Client) -> None:
+    """``c`` has an acknowledgement to send (with its next poll, or on its own: see
+    :meth:`SharePoller._flush_acknowledgements`)."""
+    if c.unsent_since is None:
+        c.unsent_since = time.monotonic()
 
 
 class SharePoller:
@@ -139,13 +161,16 @@ class SharePoller:
         self._credit = Credit(limit, fetch_batch)
         #: (tp, offset) -> the client that acquired it, while the engine holds it.
         self._held: dict[tuple[TopicPartition, int], _Client] = {}
+        #: Records of a poll beyond the credit, in poll order: (acquired at, client, record).
+        self._surplus: deque[tuple[float, _Client, Any]] = deque()
         #: Partitions announced to the engine.
         self._known: set[TopicPartition] = set()
         self._paused = False
         self._stopping = False
         self._next = 0
         self._last_poll: float | None = None
-        #: Acquired records released at once: beyond the credit, or already held here.
+        #: Acquired records released unprocessed: beyond the credit for SURPLUS_HOLD, or
+        #: already held here.
         self.released_surplus = 0
         #: Acknowledgements the broker refused (their lock had expired: delivered again).
         self.refused = 0
@@ -221,6 +246,7 @@ class SharePoller:
                 if self._stopping:
                     break
                 polled = self._poll_once()
+                self._flush_acknowledgements()
                 self._publish()
                 if not polled:
                     self._run_commands(block=True)
@@ -234,7 +260,21 @@ class SharePoller:
         finally:
             self._stopping = True
             self._publish()
+            self._release_surplus()
             self._close_clients()
+
+    def _release_surplus(self) -> None:
+        """Closing: the records beyond the credit go back at once (with the clients' close)."""
+        if not self._surplus:
+            return
+        from confluent_kafka import AcknowledgeType
+
+        while self._surplus:
+            _, c, message = self._surplus.popleft()
+            try:
+                self._release_unprocessed(c, message, AcknowledgeType.RELEASE)
+            except Exception:
+                log.warning("releasing a share record failed", exc_info=True)
 
     def _close_clients(self) -> None:
         """Close every client at once (each sends its acknowledgements and leaves the group,
@@ -301,6 +341,34 @@ class SharePoller:
             except Exception as exc:
                 self.refused += 1
                 log.warning("acknowledging %s[%d]@%d failed: %s", *tp, offset, exc)
+            else:
+                _unsent(c)
+
+    def _flush_acknowledgements(self) -> None:
+        """Send the acknowledgements that waited ACK_FLUSH_AFTER for their client's next poll:
+        a slow record of the same poll, a pause or a lack of credit would otherwise keep them
+        here past the records' locks, and the broker would deliver them again. (A blocking
+        ``commit_sync``: its answer is in before the client's next call, which a
+        ``commit_async`` would share a share session with.)"""
+        due = time.monotonic() - ACK_FLUSH_AFTER
+        for c in self._clients:
+            since = c.unsent_since
+            if since is None or since > due:
+                continue
+            c.unsent_since = None
+            try:
+                answers = c.client.commit_sync(ACK_FLUSH_TIMEOUT)
+            except Exception as exc:
+                log.warning("sending share acknowledgements failed: %s", exc)
+                continue
+            refused = [tp for tp, error in (answers or {}).items() if error is not None]
+            if refused:
+                log.warning(
+                    "the broker refused the share acknowledgements of %d partitions: those "
+                    "records are delivered again (%s)",
+                    len(refused),
+                    answers,
+                )
 
     def _on_acknowledged(self, offsets: Any, error: Any) -> None:
         if error is not None:
@@ -316,6 +384,8 @@ class SharePoller:
     def _poll_once(self) -> bool:
         """Poll each client that has nothing out, while the credit allows; True if records
         came."""
+        if self._surplus:
+            return self._hand_over_surplus()
         if self._paused:
             return False
         clients = self._clients
@@ -328,6 +398,7 @@ class SharePoller:
             if c.out:
                 continue
             self._last_poll = time.monotonic()
+            c.unsent_since = None  # (the poll carries its acknowledgements)
             messages = c.client.poll(0)
             if messages:
                 self._client_log.reachable()
@@ -343,6 +414,7 @@ class SharePoller:
         batches: dict[TopicPartition, tuple[int, list[Any]]] = {}
         new: list[TopicPartition] = []
         taken = 0
+        now = time.monotonic()
         for message in messages:
             error = message.error()
             if error is not None:
@@ -352,27 +424,65 @@ class SharePoller:
                 continue
             tp = (message.topic(), message.partition())
             key = (tp, message.offset())
-            if taken >= available or key in held:
-                # Beyond the credit, or delivered again while its earlier delivery is still
-                # here (its lock expired): give it back for other members.
+            if key in held:
+                # Delivered again while its earlier delivery is still here (its lock expired):
+                # give it back for other members.
                 self.released_surplus += 1
                 c.client.acknowledge(message, AcknowledgeType.RELEASE)
+                _unsent(c)
                 continue
-            taken += 1
             held[key] = c
+            c.out += 1
             if tp not in self._known:
                 self._known.add(tp)
                 new.append(tp)
+            if taken >= available:
+                self._surplus.append((now, c, message))  # (waits for credit)
+                continue
+            taken += 1
             batches.setdefault(tp, (EPOCH, []))[1].append(message)
         if new:
             assignments = tuple(Assignment(tp, EPOCH, None, None, shared=True) for tp in new)
             self._post(PartitionsAssigned(assignments))
         if not taken:
             return False
-        c.out += taken
         self._credit.take(taken)
         self._post(RecordsPolled(batches))
         return True
+
+    def _hand_over_surplus(self) -> bool:
+        """Release the records beyond the credit that waited SURPLUS_HOLD (with the paused,
+        every one that waited it) and hand what the credit takes of the others to the engine
+        (none while paused); True if records went."""
+        from confluent_kafka import AcknowledgeType
+
+        surplus = self._surplus
+        expired = time.monotonic() - SURPLUS_HOLD
+        while surplus and surplus[0][0] <= expired:
+            _, c, message = surplus.popleft()
+            self._release_unprocessed(c, message, AcknowledgeType.RELEASE)
+        if self._paused or not surplus:
+            return False
+        count = min(self._credit.available, len(surplus))
+        if not count:
+            return False
+        batches: dict[TopicPartition, tuple[int, list[Any]]] = {}
+        for _ in range(count):
+            _, c, message = surplus.popleft()
+            batches.setdefault((message.topic(), message.partition()), (EPOCH, []))[1].append(
+                message
+            )
+        self._credit.take(count)
+        self._post(RecordsPolled(batches))
+        return True
+
+    def _release_unprocessed(self, c: _Client, message: Any, release: Any) -> None:
+        """Give ``message`` (acquired by ``c``, never handed to the engine) back to the broker."""
+        self._held.pop(((message.topic(), message.partition()), message.offset()), None)
+        c.out -= 1
+        self.released_surplus += 1
+        c.client.acknowledge(message, release)
+        _unsent(c)
 
     def __repr__(self) -> str:
         return (
