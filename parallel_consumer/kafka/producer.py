@@ -18,7 +18,6 @@ import enum
 import logging
 import threading
 import time
-from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -27,9 +26,14 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 
 from parallel_consumer._events import ControllerEvent, OutputsDelivered, ProducerFailed
-from parallel_consumer.errors import AccessDenied
-from parallel_consumer.kafka.access import is_refusal, what_to_grant
 from parallel_consumer.kafka.bounded_call import CallStuck, call_within
+from parallel_consumer.kafka.delivery_reports import (
+    CallDelivery,
+    RunDelivery,
+    Settled,
+    SettledRun,
+)
+from parallel_consumer.kafka.delivery_reports import refused as refused_write
 from parallel_consumer.produce import ProduceError, ProducerRecord
 from parallel_consumer.work.runs import drain_left
 
@@ -56,123 +60,12 @@ REFRESH_REFUSED_EVERY = 1.0
 QUEUE_FULL_WARNING = 5.0
 
 
-_DELIVERY_HINTS = {
-    KafkaError._MSG_TIMED_OUT: (
-        " (within the producer's message.timeout.ms: does the topic exist, and is the broker "
-        "reachable?)"
-    ),
-    KafkaError.UNKNOWN_TOPIC_OR_PART: " (the topic or partition does not exist)",
-    KafkaError.MSG_SIZE_TOO_LARGE: " (over the broker's or topic's max message size)",
-}
-
-
 class TransactionOutcome(enum.Enum):
     COMMITTED = "committed"
     #: The transaction was aborted (its outputs and offsets are gone) and a new one begun.
     ABORTED = "aborted"
     #: The producer cannot go on (fenced by a newer instance, or another fatal error).
     FATAL = "fatal"
-
-
-Settled = tuple[int, tuple[tuple[int, int] | BaseException | None, ...]]
-#: A run's outputs all settled: (run id, None or the first failure per input index).
-SettledRun = tuple[int, dict[int, BaseException] | None]
-
-
-def _not_delivered(index: int, error: Any, message: Any) -> BaseException:
-    """Why output ``index`` of a call was not delivered (``error``: a KafkaError of its
-    delivery report, or the exception that rejected it)."""
-    if isinstance(error, BaseException):
-        return error
-    topic = message.topic() if message is not None else "?"
-    return _refused(f"output {index} to {topic} was not delivered", error, topic) or ProduceError(
-        f"output {index} to {topic} was not delivered: {error}"
-        + (_DELIVERY_HINTS.get(error.code(), "") if isinstance(error, KafkaError) else "")
-    )
-
-
-def _refused(what: str, error: Any, topic: str) -> AccessDenied | None:
-    """An :class:`AccessDenied` when ``error`` is the brokers refusing the write, else None."""
-    if isinstance(error, KafkaError) and is_refusal(error.code()):
-        advice = what_to_grant(error.code(), "WRITE", topic)
-        return AccessDenied(
-            f"{what}: {error} ({advice}; the records are retried until then)", topic=topic
-        )
-    return None
-
-
-class _Delivery:
-    """The delivery reports of one call's outputs; once all arrived, the call is settled."""
-
-    __slots__ = ("_lock", "_remaining", "_settled", "batch", "results")
-
-    def __init__(
-        self, batch: int, count: int, settled: deque[Settled], lock: threading.Lock
-    ) -> None:
-        self.batch = batch
-        self.results: list[tuple[int, int] | BaseException | None] = [None] * count
-        self._remaining = count
-        self._lock = lock  # shared by all calls: contention is rare, a lock per call is not
-        self._settled = settled
-
-    def call_span(self, index: int) -> tuple[int, int]:
-        """The outputs of the call that returned output ``index``: all of them."""
-        return 0, len(self.results)
-
-    def report(self, index: int, error: Any, message: Any) -> None:
-        # Runs on the producer thread (delivery reports) or the controller (a produce() that
-        # failed at once).
-        if error is None:
-            result: tuple[int, int] | BaseException = (message.partition(), message.offset())
-        else:
-            result = _not_delivered(index, error, message)
-        with self._lock:
-            self.results[index] = result
-            self._remaining -= 1
-            last = self._remaining == 0
-        if last:
-            # Posted by the producer thread, with every other call settled meanwhile.
-            self._settled.append((self.batch, tuple(self.results)))
-
-
-class _RunDelivery:
-    """The delivery reports of a run's outputs (see RunOutputs): only failures are kept, per
-    input (``owners[i]`` returned output ``i``)."""
-
-    __slots__ = ("_lock", "_owners", "_remaining", "_settled", "failures", "run")
-
-    def __init__(
-        self,
-        run: int,
-        owners: Sequence[int],
-        settled: deque[SettledRun],
-        lock: threading.Lock,
-    ) -> None:
-        self.run = run
-        self._owners = owners
-        self._remaining = len(owners)
-        self._lock = lock
-        self._settled = settled
-        self.failures: dict[int, BaseException] | None = None
-
-    def call_span(self, index: int) -> tuple[int, int]:
-        """The outputs of the call that returned output ``index`` (``owners`` ascend)."""
-        owner = self._owners[index]
-        return bisect_left(self._owners, owner), bisect_right(self._owners, owner)
-
-    def report(self, index: int, error: Any, message: Any) -> None:
-        with self._lock:
-            if error is not None:
-                if self.failures is None:
-                    self.failures = {}
-                owner = self._owners[index]
-                if owner not in self.failures:
-                    first = self.call_span(index)[0]
-                    self.failures[owner] = _not_delivered(index - first, error, message)
-            self._remaining -= 1
-            last = self._remaining == 0
-        if last:
-            self._settled.append((self.run, self.failures))
 
 
 class Outputs:
@@ -204,7 +97,7 @@ class Outputs:
         self._settled: deque[Settled] = deque()
         self._settled_runs: deque[SettledRun] = deque()
         #: Controller thread: (call or run, first output not sent yet, outputs), in order.
-        self._backlog: deque[tuple[_Delivery | _RunDelivery, int, Sequence[ProducerRecord]]] = (
+        self._backlog: deque[tuple[CallDelivery | RunDelivery, int, Sequence[ProducerRecord]]] = (
             deque()
         )
         self._full_since: float | None = None
@@ -238,7 +131,7 @@ class Outputs:
         Never blocks: outputs that find the producer's queue full wait in a backlog that
         :meth:`pump` sends on (the controller calls it every turn while :attr:`backlog` holds
         any)."""
-        delivery = _Delivery(batch, len(outputs), self._settled, self._delivery_lock)
+        delivery = CallDelivery(batch, len(outputs), self._settled, self._delivery_lock)
         backlog = self._backlog
         if backlog:
             backlog.append((delivery, 0, outputs))
@@ -250,7 +143,7 @@ class Outputs:
         """Produce the outputs of a run's records (``owners[i]``: the index of the record that
         returned output ``i``); once all are settled an OutputsDelivered event reports the
         run, with the failures per record (as :meth:`send`)."""
-        delivery = _RunDelivery(run, owners, self._settled_runs, self._delivery_lock)
+        delivery = RunDelivery(run, owners, self._settled_runs, self._delivery_lock)
         if self._backlog:
             self._backlog.append((delivery, 0, outputs))
             self.pump()
@@ -282,7 +175,7 @@ class Outputs:
         self._full_since = None
 
     def _produce(
-        self, delivery: _Delivery | _RunDelivery, start: int, outputs: Sequence[ProducerRecord]
+        self, delivery: CallDelivery | RunDelivery, start: int, outputs: Sequence[ProducerRecord]
     ) -> bool:
         """Produce ``outputs[start:]``; False if the queue filled up (the rest went to the
         front of the backlog). A rejected output fails the rest of the call unsent."""
@@ -310,7 +203,7 @@ class Outputs:
                 first, end = delivery.call_span(index)
                 error = exc.args[0] if exc.args else exc
                 what = f"output {index - first} to {record.topic} rejected"
-                refused = _refused(what, error, record.topic)
+                refused = refused_write(what, error, record.topic)
                 if refused is not None:
                     self._refused_topics.append(record.topic)
                 delivery.report(index, refused or ProduceError(f"{what}: {error}"), None)

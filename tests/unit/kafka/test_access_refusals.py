@@ -16,7 +16,7 @@ from parallel_consumer.errors import AccessDenied
 from parallel_consumer.health import health_report
 from parallel_consumer.kafka.access import is_refusal, what_to_grant
 from parallel_consumer.kafka.client_log import ClientLog
-from parallel_consumer.kafka.producer import _not_delivered
+from parallel_consumer.kafka.delivery_reports import not_delivered
 from parallel_consumer.status import Lifecycle
 from parallel_consumer.work.outcomes import DeadLetterNow, RetryAt, decide
 from parallel_consumer.work.refusals import Refusals
@@ -75,7 +75,7 @@ def test_a_refusal_ends_when_the_same_thing_succeeds_and_only_then() -> None:
 
 
 def test_a_refused_output_is_an_access_denied_naming_its_topic() -> None:
-    error = _not_delivered(
+    error = not_delivered(
         0, KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"), _message("out")
     )
     assert isinstance(error, AccessDenied)
