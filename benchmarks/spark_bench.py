@@ -753,7 +753,9 @@ def cpu_summary(runs: list[dict[str, Any]], window: str = "from start() to the e
     def median(name: str) -> float:
         return float(statistics.median(run["cpu_s"].get(name, 0.0) for run in runs))
 
-    parts = ", ".join(f"{role} {median(role):.2f}" for role in roles)
+    # (a role no run has, such as the cluster's executors on local[N], is left out)
+    present = [role for role in roles if any(role in run["cpu_s"] for run in runs)]
+    parts = ", ".join(f"{role} {median(role):.2f}" for role in present)
     busy = f"the machine busy {median('machine_busy'):.2f}"
     if all("wall_s" in run for run in runs):
         capacity = statistics.median(run["wall_s"] for run in runs) * cpus

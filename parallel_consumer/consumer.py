@@ -32,10 +32,9 @@ from parallel_consumer.engine.closing import (
 )
 from parallel_consumer.engine.controller import Controller
 from parallel_consumer.engine.letters import DeadLetters
-from parallel_consumer.errors import ConfigurationError, ParallelConsumerError
+from parallel_consumer.errors import ConfigurationError
 from parallel_consumer.health import HealthReport
 from parallel_consumer.hooks import Hooks, guarded
-from parallel_consumer.kafka.client_log import ClientLog
 from parallel_consumer.kafka.committers import (
     Committer,
     ConsumerCommitter,
@@ -45,7 +44,7 @@ from parallel_consumer.kafka.committers import (
 from parallel_consumer.kafka.dead_letter_topics import dead_letter_topics, prepare_topics
 from parallel_consumer.kafka.poller import Poller, RebalanceCallback
 from parallel_consumer.kafka.pollers import make_poller
-from parallel_consumer.kafka.producer import Outputs
+from parallel_consumer.kafka.producer import Outputs, start_outputs
 from parallel_consumer.kafka.share.poller import SharePoller
 from parallel_consumer.kafka.share.settings import check_share_group, read_settings
 from parallel_consumer.options import Options, RunnerKind
@@ -311,29 +310,13 @@ class ParallelConsumer:
         self._poller.start()
 
     def _start_outputs(self) -> Outputs:
-        try:
-            # (librdkafka's log and errors into logging, as for the consumer: no stderr flood)
-            servers = str(self._producer_config.get("bootstrap.servers"))
-            said = ClientLog(f"{self._name} producer", servers, reports_health=False)
-            config = said.configure(self._producer_config)
-            producer = self._producer_factory(config)
-        except KafkaException as exc:
-            raise ConfigurationError(f"invalid producer_config: {exc}") from exc
-        outputs = Outputs(
-            producer,
+        outputs = start_outputs(
+            self._producer_factory,
+            self._producer_config,
             post=self._post,
             transactional=self._options.transactional,
             name=self._name,
-            renew=lambda: self._producer_factory(config),
-            transaction_timeout=float(config.get("transaction.timeout.ms", 60_000)) / 1000,
         )
-        try:
-            outputs.start()
-        except KafkaException as exc:
-            raise ParallelConsumerError(
-                "could not start the transactional producer "
-                f"(transactional.id={self._producer_config.get('transactional.id')!r}): {exc}"
-            ) from exc
         if self._options.transactional:
             self._poller.run_transactions(outputs)
         return outputs

@@ -17,18 +17,11 @@ from pathlib import Path
 
 from parallel_consumer._arguments import Parser
 from parallel_consumer.bench.gc_mode import GC_MODES, TUNED_YOUNG_THRESHOLD, gc_mode
+from parallel_consumer.bench.kafka_io import LOCAL_BROKER_CONFIG
 
 __all__ = ["main"]
 
 DEFAULT_OUT = Path("benchmarks/results")
-
-#: The local broker's settings beyond LocalKafka's: a share-group member heartbeats every 5 s by
-#: default and its first assignment waits for a heartbeat; start-up is not on the clock, but a
-#: quick run should not spend its minutes there.
-LOCAL_BROKER_CONFIG = {
-    "group.share.min.heartbeat.interval.ms": "500",
-    "group.share.heartbeat.interval.ms": "500",
-}
 
 
 class UsageError(Exception):

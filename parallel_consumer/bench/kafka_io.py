@@ -13,6 +13,7 @@ from parallel_consumer.client_config import FETCH_QUEUE_BACKOFF_MS
 from parallel_consumer.testing import create_topic
 
 __all__ = [
+    "LOCAL_BROKER_CONFIG",
     "BrokerUnreachable",
     "base_consumer_config",
     "check_reachable",
@@ -138,3 +139,12 @@ def wait_committed(
             time.sleep(interval)
     finally:
         consumer.close()
+
+
+#: The local broker's settings beyond LocalKafka's: a share-group member heartbeats every 5 s by
+#: default and its first assignment waits for a heartbeat; start-up is not on the clock, but a
+#: quick run should not spend its minutes there.
+LOCAL_BROKER_CONFIG = {
+    "group.share.min.heartbeat.interval.ms": "500",
+    "group.share.heartbeat.interval.ms": "500",
+}

@@ -11,18 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot"]
+from parallel_consumer.bench.colours import COLOURS
 
-COLOURS = {
-    "pc": "#1f77b4",
-    "java-pc": "#d62728",
-    "Java published": "#ff9896",
-    "ideal": "#7f7f7f",
-    "serial": "#8c564b",
-    "raw": "#2ca02c",
-    "pyrallel": "#9467bd",
-    "share": "#e377c2",
-}
+__all__ = ["plot"]
 
 
 def plot(results: Path, out: Path | None = None) -> list[Path]:

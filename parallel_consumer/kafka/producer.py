@@ -26,7 +26,9 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 
 from parallel_consumer._events import ControllerEvent, OutputsDelivered, ProducerFailed
+from parallel_consumer.errors import ConfigurationError, ParallelConsumerError
 from parallel_consumer.kafka.bounded_call import CallStuck, call_within
+from parallel_consumer.kafka.client_log import ClientLog
 from parallel_consumer.kafka.delivery_reports import (
     CallDelivery,
     RunDelivery,
@@ -37,7 +39,7 @@ from parallel_consumer.kafka.delivery_reports import refused as refused_write
 from parallel_consumer.produce import ProduceError, ProducerRecord
 from parallel_consumer.work.runs import drain_left
 
-__all__ = ["Outputs", "TransactionOutcome"]
+__all__ = ["Outputs", "TransactionOutcome", "start_outputs"]
 
 log = logging.getLogger("parallel_consumer")
 
@@ -440,3 +442,39 @@ def _fatal_reason(error: KafkaError) -> str:
             "transactional.id; each instance needs its own (see docs/exactly-once.md)"
         )
     return f"the transactional producer failed for good: {error}"
+
+
+def start_outputs(
+    factory: Callable[[dict[str, Any]], Any],
+    config: dict[str, Any],
+    *,
+    post: Callable[[ControllerEvent], None],
+    transactional: bool,
+    name: str,
+) -> Outputs:
+    """The library's producer made by ``factory`` from ``config`` (librdkafka's log and errors
+    into ``logging``, as for the consumer), its thread started; in the transactional mode its
+    transactions initialised. Bad settings are a ConfigurationError."""
+    try:
+        servers = str(config.get("bootstrap.servers"))
+        said = ClientLog(f"{name} producer", servers, reports_health=False)
+        configured = said.configure(config)
+        producer = factory(configured)
+    except KafkaException as exc:
+        raise ConfigurationError(f"invalid producer_config: {exc}") from exc
+    outputs = Outputs(
+        producer,
+        post=post,
+        transactional=transactional,
+        name=name,
+        renew=lambda: factory(configured),
+        transaction_timeout=float(configured.get("transaction.timeout.ms", 60_000)) / 1000,
+    )
+    try:
+        outputs.start()
+    except KafkaException as exc:
+        raise ParallelConsumerError(
+            "could not start the transactional producer "
+            f"(transactional.id={config.get('transactional.id')!r}): {exc}"
+        ) from exc
+    return outputs

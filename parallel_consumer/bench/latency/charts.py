@@ -25,7 +25,7 @@ def plot_latency(document: dict[str, Any], out: Path, stem: str) -> list[Path]:
         ScalarFormatter,
     )
 
-    from parallel_consumer.bench.plot import COLOURS
+    from parallel_consumer.bench.colours import COLOURS
 
     written = []
     spec = document["parameters"]["spec"]

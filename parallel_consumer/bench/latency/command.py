@@ -89,8 +89,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             contestants.append(name)
     from parallel_consumer.bench import report
-    from parallel_consumer.bench.cli import LOCAL_BROKER_CONFIG
-    from parallel_consumer.bench.kafka_io import check_reachable
+    from parallel_consumer.bench.kafka_io import LOCAL_BROKER_CONFIG, check_reachable
     from parallel_consumer.testing import LocalKafka
 
     broker = None
