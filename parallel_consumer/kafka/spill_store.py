@@ -122,6 +122,8 @@ class SideWrite:
         #: Per record: None until its delivery report, then its offset or its error.
         self.results: list[Any] = []
         self.deadline = 0.0
+        #: The store's forget counts when the write started (see SpillStore.forget).
+        self.forgets: tuple[int, dict[TopicPartition, int]] = (0, {})
         # Delivery reports may be served on another thread (the transactional producer's).
         self._lock = threading.Lock()
 
@@ -180,6 +182,10 @@ class SpillStore:
         self._written: dict[TopicPartition, tuple[int, str, str]] = {}
         #: Partitions whose key may hold a map in the side topic (to tombstone once inline).
         self._keys: set[TopicPartition] = set()
+        #: How often everything, and each partition, was forgotten: a write acknowledged after
+        #: its partition was forgotten (revoked, or its transaction aborted) is not remembered.
+        self._forgot_all = 0
+        self._forgot: dict[TopicPartition, int] = {}
         #: Side records written so far (statistics and tests).
         self.records_written = 0
         self.tombstones_written = 0
@@ -221,6 +227,7 @@ class SpillStore:
         ]
         records += [(side_key(self._group, *tp), None) for tp in write.tombstones]
         write.producer = producer or self._own_producer()
+        write.forgets = (self._forgot_all, dict(self._forgot))
         write.results = [None] * len(records)
         write.deadline = time.monotonic() + SIDE_TIMEOUT
         try:
@@ -261,11 +268,14 @@ class SpillStore:
             except KafkaException as exc:
                 raise _failed(exc) from exc
             offsets = write.offsets()
+            all_then, each_then = write.forgets
             for (commit, value), offset in zip(write.to_write, offsets, strict=False):
                 ref = format_reference(SpillReference(self.topic, 0, offset, checksum(value)))
-                self._written[commit.tp] = (commit.offset, commit.metadata, ref)
                 self._keys.add(commit.tp)
                 write.refs[commit.tp] = ref
+                tp_then = each_then.get(commit.tp, 0)
+                if (all_then, tp_then) == (self._forgot_all, self._forgot.get(commit.tp, 0)):
+                    self._written[commit.tp] = (commit.offset, commit.metadata, ref)
             for tp in write.tombstones:
                 self._keys.discard(tp)
                 self._written.pop(tp, None)
@@ -279,10 +289,12 @@ class SpillStore:
         aborted: its records are aborted too, so nothing written may be referenced again)."""
         if tps is None:
             self._written.clear()
+            self._forgot_all += 1
             return
         for tp in tps:
             self._written.pop(tp, None)
             self._keys.discard(tp)
+            self._forgot[tp] = self._forgot.get(tp, 0) + 1
 
     def _own_producer(self) -> Any:
         if self._producer is None:

@@ -192,3 +192,33 @@ def test_a_partition_revoked_while_its_side_record_is_on_its_way_is_never_commit
 
 def _spill_epoch(assigned: AssignedPartitions, offset: int, metadata: str) -> OffsetCommit:
     return OffsetCommit(TP, assigned.epochs[TP], offset, metadata, spill=True)
+
+
+def test_a_side_record_acknowledged_after_its_partition_was_revoked_is_never_referenced_again() -> (
+    None
+):
+    # (Another member may write newer records of the key meanwhile: a reference to this one
+    # would name a record that compaction may drop.)
+    cluster = FakeTopics()
+    store, _ = _store(cluster)
+    write = store.start([_spill(100, "A" * 5000)])
+    assert write.pending
+    # When the partition is revoked while its side record is on its way, and acknowledged after
+    store.forget([TP])
+    assert store.finish(write, block=True) is not None
+    # Then the same map, once the partition is back, gets a record of its own
+    again = store.start([_spill(100, "A" * 5000)])
+    assert again.pending
+    store.finish(again, block=True)
+    assert len(cluster.records(TOPIC)) == 2
+
+
+def test_side_records_acknowledged_after_an_aborted_transaction_are_never_referenced_again() -> (
+    None
+):
+    cluster = FakeTopics()
+    store, _ = _store(cluster)
+    write = store.start([_spill(100, "A" * 5000)])
+    store.forget()
+    store.finish(write, block=True)
+    assert store.start([_spill(100, "A" * 5000)]).pending
