@@ -7,8 +7,11 @@ Writing: :meth:`SpillStore.references` turns the ``spill`` commits of one reques
 references, producing one side record per partition whose map changed since its last one, and
 waits for the broker's acknowledgement (its offset goes into the reference). The first write
 creates the topic (``cleanup.policy=compact``) if it is missing. A partition whose map fits
-inline again gets a tombstone, so that compaction leaves nothing of it. In the transactional
-mode the records go through the transactional producer, inside the open transaction.
+inline again gets a tombstone, so that compaction leaves nothing of it: once the inline commit
+is stored (:meth:`SpillStore.inline_stored`; before it, the committed reference still names
+the record, which a tombstone lets compaction drop). In the transactional mode the records,
+tombstones included, go through the transactional producer, inside the open transaction (they
+commit with the offsets or not at all).
 
 Reading: :meth:`SpillStore.resolve` fetches the record a committed reference names, checks it
 is the very one (key, checksum, committed offset) and returns the map; when it cannot, it says
@@ -182,6 +185,9 @@ class SpillStore:
         self._written: dict[TopicPartition, tuple[int, str, str]] = {}
         #: Partitions whose key may hold a map in the side topic (to tombstone once inline).
         self._keys: set[TopicPartition] = set()
+        #: Partitions with a key in the side topic whose last commit sent was inline: their
+        #: tombstone follows once it is stored (see inline_stored).
+        self._inline: set[TopicPartition] = set()
         #: How often everything, and each partition, was forgotten: a write acknowledged after
         #: its partition was forgotten (revoked, or its transaction aborted) is not remembered.
         self._forgot_all = 0
@@ -212,8 +218,12 @@ class SpillStore:
             tp = commit.tp
             if not commit.spill:
                 if tp in self._keys:
-                    write.tombstones.append(tp)
+                    if producer is None:
+                        self._inline.add(tp)  # tombstoned once this commit is stored
+                    else:
+                        write.tombstones.append(tp)  # in the transaction, with the commit
                 continue
+            self._inline.discard(tp)
             last = self._written.get(tp)
             if last is not None and last[:2] == (commit.offset, commit.metadata):
                 write.refs[tp] = last[2]  # unchanged since its record: no second record
@@ -284,6 +294,28 @@ class SpillStore:
             write.to_write, write.tombstones = [], []
         return write.refs
 
+    def inline_stored(self, tps: Sequence[TopicPartition]) -> None:
+        """The inline commits of ``tps`` were stored: the side records their references named
+        are no longer needed, so each partition whose last commit sent was inline gets its
+        tombstone now (not waited for: a lost one only leaves one record of the key)."""
+        done = [tp for tp in tps if tp in self._inline and tp in self._keys]
+        if not done:
+            return
+        try:
+            self._ensure_topic()
+            producer = self._own_producer()
+            for tp in done:
+                producer.produce(self.topic, None, side_key(self._group, *tp), partition=0)
+            producer.poll(0)
+        except (SpillFailed, KafkaException, BufferError) as exc:
+            log.debug("tombstones of %s not written (tried again later): %s", done, exc)
+            return
+        for tp in done:
+            self._inline.discard(tp)
+            self._keys.discard(tp)
+            self._written.pop(tp, None)
+        self.tombstones_written += len(done)
+
     def forget(self, tps: Sequence[TopicPartition] | None = None) -> None:
         """Drop what was written for ``tps`` (revoked), or for every partition (a transaction
         aborted: its records are aborted too, so nothing written may be referenced again)."""
@@ -294,6 +326,7 @@ class SpillStore:
         for tp in tps:
             self._written.pop(tp, None)
             self._keys.discard(tp)
+            self._inline.discard(tp)
             self._forgot[tp] = self._forgot.get(tp, 0) + 1
 
     def _own_producer(self) -> Any:

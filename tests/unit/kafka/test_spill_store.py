@@ -11,6 +11,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from parallel_consumer._events import Commit
@@ -88,12 +89,16 @@ def test_a_partition_back_inline_gets_one_tombstone() -> None:
     cluster = FakeTopics()
     store, _ = _store(cluster)
     store.references([_spill(100, "A" * 5000)])
-    # When its map fits inline again
+    # When its map fits inline again: no tombstone while that commit is not stored ...
     assert store.references([OffsetCommit(TP, 1, 200, "bGw=")]) == {}
+    assert len(cluster.records(TOPIC)) == 1
+    # ... and once it is
+    store.inline_stored([TP])
     # Then a tombstone of its key follows, once
     records = cluster.records(TOPIC)
     assert [(m.key(), m.value()) for m in records[1:]] == [(side_key("g", *TP), None)]
     store.references([OffsetCommit(TP, 1, 201, "")])
+    store.inline_stored([TP])
     assert len(cluster.records(TOPIC)) == 2
     assert store.tombstones_written == 1
 
@@ -222,3 +227,33 @@ def test_side_records_acknowledged_after_an_aborted_transaction_are_never_refere
     store.forget()
     store.finish(write, block=True)
     assert store.start([_spill(100, "A" * 5000)]).pending
+
+
+def test_no_tombstone_is_written_before_the_inline_commit_that_replaces_the_reference() -> None:
+    cluster = FakeTopics()
+    commits, client, assigned, producer = _async_client(cluster)
+    producer.hold.clear()
+    spilled = Commit((_spill_epoch(assigned, 100, "A" * 5000),), sync=False, reply=Future())
+    commits.commit(spilled, frozenset())
+    commits.turn(time.monotonic(), 30.0)
+    commits.on_commit(None, [KafkaTopicPartition(*TP, 100)])
+    # When the map fits again and its inline commit fails
+    inline = OffsetCommit(TP, assigned.epochs[TP], 200, "bGw=")
+    command = Commit((inline,), sync=False, reply=Future())
+    commits.commit(command, frozenset())
+    commits.turn(time.monotonic(), 30.0)
+    assert client.commits[-1] == [(*TP, 200, "bGw=")]
+    failed = KafkaTopicPartition(*TP, 200)
+    commits.on_commit(KafkaError(KafkaError.REBALANCE_IN_PROGRESS), [failed])
+    assert command.reply.result(0)[0].error is not None
+    # Then the side topic still holds the committed reference's record, with no tombstone after
+    assert [m.value() for m in cluster.records(TOPIC)][-1] is not None
+    # When the inline commit is sent again and stored
+    commits.commit(Commit((inline,), sync=False, reply=Future()), frozenset())
+    commits.turn(time.monotonic(), 30.0)
+    commits.on_commit(None, [KafkaTopicPartition(*TP, 200)])
+    # Then the key's tombstone follows
+    assert [(m.key(), m.value()) for m in cluster.records(TOPIC)][-1] == (
+        side_key("g", *TP),
+        None,
+    )
