@@ -401,7 +401,7 @@ class SpillStore:
         return ""
 
     def _fetch(self, ref: SpillReference) -> tuple[bytes | None, bytes | None]:
-        """The key and value of the record at ``ref`` (read committed)."""
+        """The key and value of the record at ``ref`` (read uncommitted, see _own_reader)."""
         reader = self._own_reader()
         if ref.topic not in self._readable:
             # A deleted side topic answers at once here, rather than after READ_TIMEOUT below.
@@ -439,7 +439,11 @@ class SpillStore:
                     "group.id": f"{self._group}.pc-offsets-reader",
                     "enable.auto.commit": False,
                     "enable.partition.eof": True,
-                    "isolation.level": "read_committed",
+                    # Not read_committed: that stops at the last stable offset of the one side
+                    # partition, which another member's open (or killed) transaction holds
+                    # back. A committed reference names a record whose transaction committed
+                    # (the offsets commit with it), and the checksum proves it is that record.
+                    "isolation.level": "read_uncommitted",
                     # A reference past the log's start or end is an error, never a reset.
                     "auto.offset.reset": "error",
                 }
