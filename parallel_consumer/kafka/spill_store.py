@@ -251,6 +251,7 @@ class SpillStore:
                 )
             write.producer.poll(0)
         except KafkaException as exc:
+            self._written_failed()
             raise _failed(exc) from exc
         except BufferError as exc:
             raise SpillFailed(f"the offset map producer's queue is full: {exc}") from exc
@@ -260,24 +261,13 @@ class SpillStore:
         """The references of ``write`` once its records are acknowledged; None while they are
         not (``block``: wait for them, up to SIDE_TIMEOUT). Raises :class:`SpillFailed`."""
         if write.pending:
-            producer = write.producer
             try:
-                while not write.acknowledged():
-                    left = write.deadline - time.monotonic()
-                    if left <= 0:
-                        raise SpillFailed(
-                            f"no acknowledgement of the offset map records in {self.topic} "
-                            f"within {SIDE_TIMEOUT:.0f}s"
-                        )
-                    if not block:
-                        producer.poll(0)
-                        if not write.acknowledged():
-                            return None
-                        break
-                    producer.flush(min(1.0, left))
-            except KafkaException as exc:
-                raise _failed(exc) from exc
-            offsets = write.offsets()
+                offsets = self._acknowledged(write, block=block)
+            except SpillFailed:
+                self._written_failed()
+                raise
+            if offsets is None:
+                return None
             all_then, each_then = write.forgets
             for (commit, value), offset in zip(write.to_write, offsets, strict=False):
                 ref = format_reference(SpillReference(self.topic, 0, offset, checksum(value)))
@@ -316,6 +306,35 @@ class SpillStore:
             self._written.pop(tp, None)
         self.tombstones_written += len(done)
 
+    def _written_failed(self) -> None:
+        """A side write failed: the topic may have been deleted meanwhile. The next write checks
+        it again (and creates it, compacted), and every map is written again rather than
+        referenced where it may no longer be."""
+        self._topic_ready = False
+        self._written.clear()
+
+    def _acknowledged(self, write: SideWrite, *, block: bool) -> list[int] | None:
+        """The offsets of ``write``'s records once acknowledged (None: not yet, and not
+        ``block``); raises :class:`SpillFailed`."""
+        producer = write.producer
+        try:
+            while not write.acknowledged():
+                left = write.deadline - time.monotonic()
+                if left <= 0:
+                    raise SpillFailed(
+                        f"no acknowledgement of the offset map records in {self.topic} "
+                        f"within {SIDE_TIMEOUT:.0f}s"
+                    )
+                if not block:
+                    producer.poll(0)
+                    if not write.acknowledged():
+                        return None
+                    break
+                producer.flush(min(1.0, left))
+        except KafkaException as exc:
+            raise _failed(exc) from exc
+        return write.offsets()
+
     def forget(self, tps: Sequence[TopicPartition] | None = None) -> None:
         """Drop what was written for ``tps`` (revoked), or for every partition (a transaction
         aborted: its records are aborted too, so nothing written may be referenced again)."""
@@ -332,7 +351,16 @@ class SpillStore:
     def _own_producer(self) -> Any:
         if self._producer is None:
             settings = side_client_config(self._config)
-            settings.update({"enable.idempotence": True, "acks": "all", "linger.ms": 0})
+            # A side topic deleted meanwhile is created again by _ensure_topic, compacted: never
+            # by the broker's auto-creation, whose defaults (cleanup.policy=delete) lose maps.
+            settings.update(
+                {
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "linger.ms": 0,
+                    "allow.auto.create.topics": False,
+                }
+            )
             said = _client_log(f"{self._name} offset-map producer", settings)
             self._producer = self._producer_factory(said.configure(settings))
         return self._producer

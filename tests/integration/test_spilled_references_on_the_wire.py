@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource
 from engine_support import wait_until
 
 from parallel_consumer.kafka import client_offsets
 from parallel_consumer.kafka.committed_reader import CommittedReader
 from parallel_consumer.kafka.exact_commits import ExactCommits
-from parallel_consumer.kafka.spill_store import SpillStore
+from parallel_consumer.kafka.spill_store import SpillFailed, SpillStore
 from parallel_consumer.offsets import encode_offset_map
 from parallel_consumer.offsets.spill import parse_reference
 from parallel_consumer.testing.pytest_plugin import KafkaBroker, TopicFactory
@@ -218,3 +218,38 @@ def test_a_reference_to_an_older_side_record_of_the_key_still_restores_its_own_m
     assert stores().resolve((name, 0), older.offset, ref + "\x00") == older.metadata
     assert stores().resolve((name, 0), older.offset, ref + "\x00\x17x") == older.metadata
     assert parse_reference(ref + "\x00") == parse_reference(ref)
+
+
+def test_a_side_topic_deleted_while_running_comes_back_compacted(
+    kafka: KafkaBroker,
+    topic: TopicFactory,
+    stores: Callable[[], SpillStore],
+) -> None:
+    # Given a store that wrote a side record, whose side topic is then deleted
+    name = topic(1)
+    store = stores()
+    client_offsets.spill_references(store, [a_spilled_commit(name, base=100)])
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    admin.delete_topics([store.topic], operation_timeout=30)[store.topic].result(30)
+    wait_until(
+        lambda: store.topic not in admin.list_topics(timeout=10).topics,
+        timeout=30,
+        what="the side topic deleted",
+    )
+
+    # When later maps spill (a write may fail while the topic is gone: that commit fails, and
+    # the next one writes again)
+    def written() -> bool:
+        try:
+            client_offsets.spill_references(store, [a_spilled_commit(name, base=200)])
+        except SpillFailed:
+            return False
+        return True
+
+    wait_until(written, timeout=60, what="a side record written again")
+
+    # Then the side topic is back, compacted (never auto-created with the broker's defaults,
+    # whose retention would delete the maps)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, store.topic)
+    configs = admin.describe_configs([resource])[resource].result(30)
+    assert configs["cleanup.policy"].value == "compact"

@@ -257,3 +257,17 @@ def test_no_tombstone_is_written_before_the_inline_commit_that_replaces_the_refe
         side_key("g", *TP),
         None,
     )
+
+
+def test_after_a_failed_side_write_every_map_is_written_again_and_the_topic_checked_again() -> None:
+    cluster = FakeTopics()
+    store, producers = _store(cluster)
+    other = ("orders", 4)
+    store.references([_spill(100, "A" * 5000), OffsetCommit(other, 1, 7, "B" * 5000, spill=True)])
+    # When a later side write fails (the side topic deleted meanwhile, say)
+    producers[0].fail_next_deliveries(1)
+    with pytest.raises(SpillFailed):
+        store.references([_spill(101, "C" * 5000)])
+    # Then the next commit writes the unchanged map of the other partition again, rather than
+    # referencing a record that may be gone
+    assert store.start([OffsetCommit(other, 1, 7, "B" * 5000, spill=True)]).pending
