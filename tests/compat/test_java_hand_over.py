@@ -153,6 +153,17 @@ def committed_as_confluent_kafka_reads_it(
         consumer.close()
 
 
+def committed_exactly(config: dict[str, Any], topic: str) -> dict[Any, tuple[int, str | None]]:
+    """(topic, partition) -> (offset, metadata): the group's commit read with its exact bytes."""
+    reader = CommittedReader(config)
+    try:
+        stored = reader.read([(topic, p) for p in range(PARTITIONS)], timeout=15)
+    finally:
+        reader.close()
+    assert stored is not None, reader.unavailable
+    return stored
+
+
 def report(direction: str, records: int, unfinished: set[Record], processed: set[Record]) -> None:
     rerun, lost = processed - unfinished, unfinished - processed
     print(
@@ -229,12 +240,7 @@ def test_python_to_java_hand_over_is_exact(
             kafka, topic, consumer_config, python_consumers
         )
     assert not [r for r in caplog.records if "committed exactly" in r.getMessage()]
-    reader = CommittedReader(consumer_config)
-    try:
-        stored = reader.read([(name, p) for p in range(PARTITIONS)], timeout=15)
-    finally:
-        reader.close()
-    assert stored is not None, reader.unavailable
+    stored = committed_exactly(consumer_config, name)
     for (_, partition), (offset, metadata) in stored.items():
         assert offset == lowest[partition]
         assert metadata
@@ -325,12 +331,7 @@ def test_python_to_java_hand_over_of_spilled_maps_loses_nothing_but_replays(
     name, records, unfinished, lowest = python_finishes_all_but_50(
         kafka, topic, consumer_config, python_consumers, max_metadata_bytes=16
     )
-    reader = CommittedReader(consumer_config)
-    try:
-        stored = reader.read([(name, p) for p in range(PARTITIONS)], timeout=15)
-    finally:
-        reader.close()
-    assert stored is not None, reader.unavailable
+    stored = committed_exactly(consumer_config, name)
     for (_, partition), (offset, metadata) in stored.items():
         assert offset == lowest[partition]
         assert metadata is not None
