@@ -474,6 +474,9 @@ class SpillStore:
                     "isolation.level": "read_uncommitted",
                     # A reference past the log's start or end is an error, never a reset.
                     "auto.offset.reset": "error",
+                    # Each restore reads one record: a fetch the broker holds at the log's end
+                    # (500 ms by default) would hold the next partition's restore as long.
+                    "fetch.wait.max.ms": 10,
                 }
             )
             said = _client_log(f"{self._name} offset-map reader", settings)
