@@ -27,10 +27,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.cimpl import NewTopic
 
-from parallel_consumer.kafka.client_log import ClientLog
+from parallel_consumer.kafka.spill_reader import SideReader, client_log, side_client_config
 from parallel_consumer.offsets import OffsetDecodeError
 from parallel_consumer.offsets.spill import (
     SpillReference,
@@ -46,48 +45,12 @@ from parallel_consumer.options import Options
 from parallel_consumer.work.commit_tracker import OffsetCommit
 from parallel_consumer.work.item import TopicPartition
 
-__all__ = ["SideWrite", "SpillFailed", "SpillStore", "side_client_config", "spill_store_for"]
+__all__ = ["SideWrite", "SpillFailed", "SpillStore", "spill_store_for"]
 
 log = logging.getLogger("parallel_consumer")
 
 #: How long a side write may take before the commit fails (and is sent again later).
 SIDE_TIMEOUT = 15.0
-#: How long the restore of one partition waits for its side record before it replays instead.
-READ_TIMEOUT = 5.0
-
-#: Consumer settings a producer or an assign-only reader must not get (librdkafka would log
-#: one warning per ignored property, or the reader would join the group).
-_CONSUMER_ONLY = frozenset(
-    {
-        "group.instance.id",
-        "partition.assignment.strategy",
-        "session.timeout.ms",
-        "heartbeat.interval.ms",
-        "group.protocol",
-        "group.protocol.type",
-        "group.remote.assignor",
-        "coordinator.query.interval.ms",
-        "max.poll.interval.ms",
-        "enable.auto.commit",
-        "auto.commit.interval.ms",
-        "enable.auto.offset.store",
-        "queued.min.messages",
-        "queued.max.messages.kbytes",
-        "fetch.wait.max.ms",
-        "fetch.queue.backoff.ms",
-        "fetch.message.max.bytes",
-        "max.partition.fetch.bytes",
-        "fetch.max.bytes",
-        "fetch.min.bytes",
-        "fetch.error.backoff.ms",
-        "isolation.level",
-        "enable.partition.eof",
-        "check.crcs",
-        "auto.offset.reset",
-        "on_commit",
-        "group.id",
-    }
-)
 #: Errors after which writing again cannot help: the consumer stops with the reason.
 _PERMANENT = {
     KafkaError.TOPIC_AUTHORIZATION_FAILED,
@@ -105,12 +68,6 @@ class SpillFailed(Exception):
     def __init__(self, message: str, *, permanent: bool = False) -> None:
         super().__init__(message)
         self.permanent = permanent
-
-
-def side_client_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings of the side topic's producer and admin client: the consumer's connection
-    and security settings, without what only a group member uses."""
-    return {k: v for k, v in config.items() if k not in _CONSUMER_ONLY}
 
 
 class SideWrite:
@@ -173,14 +130,11 @@ class SpillStore:
         self._group = group
         self._config = dict(config)
         self._producer_factory = producer_factory
-        self._consumer_factory = consumer_factory
         self._admin_factory = admin_factory
         self._name = name
         self._producer: Any = None
-        self._reader: Any = None
+        self._reader = SideReader(config, group=group, consumer_factory=consumer_factory, name=name)
         self._topic_ready = False
-        #: Side topics the reader found to exist.
-        self._readable: set[str] = set()
         #: Per partition: the (committed offset, map) last written and its reference.
         self._written: dict[TopicPartition, tuple[int, str, str]] = {}
         #: Partitions whose key may hold a map in the side topic (to tombstone once inline).
@@ -361,7 +315,7 @@ class SpillStore:
                     "allow.auto.create.topics": False,
                 }
             )
-            said = _client_log(f"{self._name} offset-map producer", settings)
+            said = client_log(f"{self._name} offset-map producer", settings)
             self._producer = self._producer_factory(said.configure(settings))
         return self._producer
 
@@ -369,7 +323,7 @@ class SpillStore:
         if self._topic_ready:
             return
         settings = side_client_config(self._config)
-        said = _client_log(f"{self._name} offset-map admin", settings)
+        said = client_log(f"{self._name} offset-map admin", settings)
         try:
             admin = self._admin_factory(said.configure(settings))
             found = admin.list_topics(topic=self.topic, timeout=SIDE_TIMEOUT).topics.get(self.topic)
@@ -409,7 +363,7 @@ class SpillStore:
             return None
         self._keys.add(tp)  # whatever happens below, the key may hold a map: tombstone it later
         try:
-            key, value = self._fetch(ref)
+            key, value = self._reader.read(ref)
             found = read_side_value(
                 ref, key, value, expected_key=side_key(self._group, *tp), committed_offset=committed
             )
@@ -428,69 +382,12 @@ class SpillStore:
         )
         return ""
 
-    def _fetch(self, ref: SpillReference) -> tuple[bytes | None, bytes | None]:
-        """The key and value of the record at ``ref`` (read uncommitted, see _own_reader)."""
-        reader = self._own_reader()
-        if ref.topic not in self._readable:
-            # A deleted side topic answers at once here, rather than after READ_TIMEOUT below.
-            found = reader.list_topics(ref.topic, timeout=READ_TIMEOUT).topics.get(ref.topic)
-            if found is None or found.error is not None or ref.partition not in found.partitions:
-                raise OffsetDecodeError(f"{ref}: the side topic or partition does not exist")
-            self._readable.add(ref.topic)
-        reader.assign([KafkaTopicPartition(ref.topic, ref.partition, ref.offset)])
-        try:
-            deadline = time.monotonic() + READ_TIMEOUT
-            while time.monotonic() < deadline:
-                message = reader.poll(0.2)
-                if message is None:
-                    continue
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        raise OffsetDecodeError(f"{ref} is past the end of the side topic")
-                    raise KafkaException(error)
-                if message.offset() != ref.offset:
-                    raise OffsetDecodeError(
-                        f"{ref} is gone (compacted, aborted or deleted): the next record is at "
-                        f"{message.offset()}"
-                    )
-                return message.key(), message.value()
-            raise OffsetDecodeError(f"{ref} could not be read within {READ_TIMEOUT:.0f}s")
-        finally:
-            reader.unassign()
-
-    def _own_reader(self) -> Any:
-        if self._reader is None:
-            settings = side_client_config(self._config)
-            settings.update(
-                {
-                    "group.id": f"{self._group}.pc-offsets-reader",
-                    "enable.auto.commit": False,
-                    "enable.partition.eof": True,
-                    # Not read_committed: that stops at the last stable offset of the one side
-                    # partition, which another member's open (or killed) transaction holds
-                    # back. A committed reference names a record whose transaction committed
-                    # (the offsets commit with it), and the checksum proves it is that record.
-                    "isolation.level": "read_uncommitted",
-                    # A reference past the log's start or end is an error, never a reset.
-                    "auto.offset.reset": "error",
-                    # Each restore reads one record: a fetch the broker holds at the log's end
-                    # (500 ms by default) would hold the next partition's restore as long.
-                    "fetch.wait.max.ms": 10,
-                }
-            )
-            said = _client_log(f"{self._name} offset-map reader", settings)
-            self._reader = self._consumer_factory(said.configure(settings))
-        return self._reader
-
     def close(self) -> None:
         """Close the clients (on the poller thread, as it stops)."""
         if self._producer is not None:
             self._producer.flush(SIDE_TIMEOUT)
             self._producer = None
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
+        self._reader.close()
 
     def __repr__(self) -> str:
         return (
@@ -521,11 +418,6 @@ def spill_store_for(
         admin_factory=admin_factory,
         name=name,
     )
-
-
-def _client_log(client: str, settings: Mapping[str, Any]) -> ClientLog:
-    servers = str(settings.get("bootstrap.servers"))
-    return ClientLog(client, servers, reports_health=False)
 
 
 def _failed(exc: KafkaException) -> SpillFailed:
