@@ -194,12 +194,21 @@ class CommitClient:
             )
         if request is not None:
             errors = {(p.topic, p.partition): p.error or error for p in partitions}
-            _reply(request.answer(answer(c, errors.get(tp)) for tp, c in request.sent.items()))
+            answers = [answer(c, errors.get(tp)) for tp, c in request.sent.items()]
+            self._stored(answers)
+            _reply(request.answer(answers))
 
     def close(self, reason: str) -> None:
         """The client closes: every commit not answered yet failed with ``reason``."""
         self._side = None
         _reply(self.requests.close(reason))
+
+    def _stored(self, answers: Iterable[CommitAnswer]) -> None:
+        """Tell the side topic which inline maps were stored (their tombstones follow)."""
+        if self._spill is not None:
+            self._spill.inline_stored(
+                [a.commit.tp for a in answers if a.error is None and not a.commit.spill]
+            )
 
     def _carry_out(self, decision: Decision) -> None:
         _reply(decision.replies)
@@ -227,7 +236,9 @@ class CommitClient:
             _reply(request.answer(spill_failed(live, exc)))
             return
         if request.sync:
-            _reply(request.answer(commit_sync(self._client, live, self.exact, references)))
+            answers = commit_sync(self._client, live, self.exact, references)
+            self._stored(answers)
+            _reply(request.answer(answers))
             return
         self._send_async(request, references)
 

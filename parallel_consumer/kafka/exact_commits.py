@@ -145,14 +145,16 @@ class ExactCommits:
         if not group:
             self._give_up("rd_kafka_consumer_group_metadata returned NULL")
             return False
-        plist = _offsets(lib, commits)
         try:
-            error = writing.send_offsets_to_transaction(
-                prk, plist, group, max(0, int(timeout * 1000))
-            )
+            plist = _offsets(lib, commits)  # (destroys its list itself if it raises)
+            try:
+                error = writing.send_offsets_to_transaction(
+                    prk, plist, group, max(0, int(timeout * 1000))
+                )
+            finally:
+                lib.list_destroy(plist)
         finally:
-            lib.list_destroy(plist)
-            writing.group_metadata_destroy(group)
+            writing.group_metadata_destroy(group)  # also when the list could not be made
         if error:
             try:
                 text = writing.error_string(error)

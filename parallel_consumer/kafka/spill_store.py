@@ -7,8 +7,11 @@ Writing: :meth:`SpillStore.references` turns the ``spill`` commits of one reques
 references, producing one side record per partition whose map changed since its last one, and
 waits for the broker's acknowledgement (its offset goes into the reference). The first write
 creates the topic (``cleanup.policy=compact``) if it is missing. A partition whose map fits
-inline again gets a tombstone, so that compaction leaves nothing of it. In the transactional
-mode the records go through the transactional producer, inside the open transaction.
+inline again gets a tombstone, so that compaction leaves nothing of it: once the inline commit
+is stored (:meth:`SpillStore.inline_stored`; before it, the committed reference still names
+the record, which a tombstone lets compaction drop). In the transactional mode the records,
+tombstones included, go through the transactional producer, inside the open transaction (they
+commit with the offsets or not at all).
 
 Reading: :meth:`SpillStore.resolve` fetches the record a committed reference names, checks it
 is the very one (key, checksum, committed offset) and returns the map; when it cannot, it says
@@ -24,10 +27,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.cimpl import NewTopic
 
-from parallel_consumer.kafka.client_log import ClientLog
+from parallel_consumer.kafka.spill_reader import SideReader, client_log, side_client_config
 from parallel_consumer.offsets import OffsetDecodeError
 from parallel_consumer.offsets.spill import (
     SpillReference,
@@ -43,48 +45,12 @@ from parallel_consumer.options import Options
 from parallel_consumer.work.commit_tracker import OffsetCommit
 from parallel_consumer.work.item import TopicPartition
 
-__all__ = ["SideWrite", "SpillFailed", "SpillStore", "side_client_config", "spill_store_for"]
+__all__ = ["SideWrite", "SpillFailed", "SpillStore", "spill_store_for"]
 
 log = logging.getLogger("parallel_consumer")
 
 #: How long a side write may take before the commit fails (and is sent again later).
 SIDE_TIMEOUT = 15.0
-#: How long the restore of one partition waits for its side record before it replays instead.
-READ_TIMEOUT = 5.0
-
-#: Consumer settings a producer or an assign-only reader must not get (librdkafka would log
-#: one warning per ignored property, or the reader would join the group).
-_CONSUMER_ONLY = frozenset(
-    {
-        "group.instance.id",
-        "partition.assignment.strategy",
-        "session.timeout.ms",
-        "heartbeat.interval.ms",
-        "group.protocol",
-        "group.protocol.type",
-        "group.remote.assignor",
-        "coordinator.query.interval.ms",
-        "max.poll.interval.ms",
-        "enable.auto.commit",
-        "auto.commit.interval.ms",
-        "enable.auto.offset.store",
-        "queued.min.messages",
-        "queued.max.messages.kbytes",
-        "fetch.wait.max.ms",
-        "fetch.queue.backoff.ms",
-        "fetch.message.max.bytes",
-        "max.partition.fetch.bytes",
-        "fetch.max.bytes",
-        "fetch.min.bytes",
-        "fetch.error.backoff.ms",
-        "isolation.level",
-        "enable.partition.eof",
-        "check.crcs",
-        "auto.offset.reset",
-        "on_commit",
-        "group.id",
-    }
-)
 #: Errors after which writing again cannot help: the consumer stops with the reason.
 _PERMANENT = {
     KafkaError.TOPIC_AUTHORIZATION_FAILED,
@@ -104,12 +70,6 @@ class SpillFailed(Exception):
         self.permanent = permanent
 
 
-def side_client_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings of the side topic's producer and admin client: the consumer's connection
-    and security settings, without what only a group member uses."""
-    return {k: v for k, v in config.items() if k not in _CONSUMER_ONLY}
-
-
 class SideWrite:
     """Side records on their way for one commit request (see :meth:`SpillStore.start`)."""
 
@@ -122,6 +82,8 @@ class SideWrite:
         #: Per record: None until its delivery report, then its offset or its error.
         self.results: list[Any] = []
         self.deadline = 0.0
+        #: The store's forget counts when the write started (see SpillStore.forget).
+        self.forgets: tuple[int, dict[TopicPartition, int]] = (0, {})
         # Delivery reports may be served on another thread (the transactional producer's).
         self._lock = threading.Lock()
 
@@ -168,18 +130,22 @@ class SpillStore:
         self._group = group
         self._config = dict(config)
         self._producer_factory = producer_factory
-        self._consumer_factory = consumer_factory
         self._admin_factory = admin_factory
         self._name = name
         self._producer: Any = None
-        self._reader: Any = None
+        self._reader = SideReader(config, group=group, consumer_factory=consumer_factory, name=name)
         self._topic_ready = False
-        #: Side topics the reader found to exist.
-        self._readable: set[str] = set()
         #: Per partition: the (committed offset, map) last written and its reference.
         self._written: dict[TopicPartition, tuple[int, str, str]] = {}
         #: Partitions whose key may hold a map in the side topic (to tombstone once inline).
         self._keys: set[TopicPartition] = set()
+        #: Partitions with a key in the side topic whose last commit sent was inline: their
+        #: tombstone follows once it is stored (see inline_stored).
+        self._inline: set[TopicPartition] = set()
+        #: How often everything, and each partition, was forgotten: a write acknowledged after
+        #: its partition was forgotten (revoked, or its transaction aborted) is not remembered.
+        self._forgot_all = 0
+        self._forgot: dict[TopicPartition, int] = {}
         #: Side records written so far (statistics and tests).
         self.records_written = 0
         self.tombstones_written = 0
@@ -206,8 +172,12 @@ class SpillStore:
             tp = commit.tp
             if not commit.spill:
                 if tp in self._keys:
-                    write.tombstones.append(tp)
+                    if producer is None:
+                        self._inline.add(tp)  # tombstoned once this commit is stored
+                    else:
+                        write.tombstones.append(tp)  # in the transaction, with the commit
                 continue
+            self._inline.discard(tp)
             last = self._written.get(tp)
             if last is not None and last[:2] == (commit.offset, commit.metadata):
                 write.refs[tp] = last[2]  # unchanged since its record: no second record
@@ -221,6 +191,7 @@ class SpillStore:
         ]
         records += [(side_key(self._group, *tp), None) for tp in write.tombstones]
         write.producer = producer or self._own_producer()
+        write.forgets = (self._forgot_all, dict(self._forgot))
         write.results = [None] * len(records)
         write.deadline = time.monotonic() + SIDE_TIMEOUT
         try:
@@ -234,6 +205,7 @@ class SpillStore:
                 )
             write.producer.poll(0)
         except KafkaException as exc:
+            self._written_failed()
             raise _failed(exc) from exc
         except BufferError as exc:
             raise SpillFailed(f"the offset map producer's queue is full: {exc}") from exc
@@ -243,29 +215,21 @@ class SpillStore:
         """The references of ``write`` once its records are acknowledged; None while they are
         not (``block``: wait for them, up to SIDE_TIMEOUT). Raises :class:`SpillFailed`."""
         if write.pending:
-            producer = write.producer
             try:
-                while not write.acknowledged():
-                    left = write.deadline - time.monotonic()
-                    if left <= 0:
-                        raise SpillFailed(
-                            f"no acknowledgement of the offset map records in {self.topic} "
-                            f"within {SIDE_TIMEOUT:.0f}s"
-                        )
-                    if not block:
-                        producer.poll(0)
-                        if not write.acknowledged():
-                            return None
-                        break
-                    producer.flush(min(1.0, left))
-            except KafkaException as exc:
-                raise _failed(exc) from exc
-            offsets = write.offsets()
+                offsets = self._acknowledged(write, block=block)
+            except SpillFailed:
+                self._written_failed()
+                raise
+            if offsets is None:
+                return None
+            all_then, each_then = write.forgets
             for (commit, value), offset in zip(write.to_write, offsets, strict=False):
                 ref = format_reference(SpillReference(self.topic, 0, offset, checksum(value)))
-                self._written[commit.tp] = (commit.offset, commit.metadata, ref)
                 self._keys.add(commit.tp)
                 write.refs[commit.tp] = ref
+                tp_then = each_then.get(commit.tp, 0)
+                if (all_then, tp_then) == (self._forgot_all, self._forgot.get(commit.tp, 0)):
+                    self._written[commit.tp] = (commit.offset, commit.metadata, ref)
             for tp in write.tombstones:
                 self._keys.discard(tp)
                 self._written.pop(tp, None)
@@ -274,21 +238,84 @@ class SpillStore:
             write.to_write, write.tombstones = [], []
         return write.refs
 
+    def inline_stored(self, tps: Sequence[TopicPartition]) -> None:
+        """The inline commits of ``tps`` were stored: the side records their references named
+        are no longer needed, so each partition whose last commit sent was inline gets its
+        tombstone now (not waited for: a lost one only leaves one record of the key)."""
+        done = [tp for tp in tps if tp in self._inline and tp in self._keys]
+        if not done:
+            return
+        try:
+            self._ensure_topic()
+            producer = self._own_producer()
+            for tp in done:
+                producer.produce(self.topic, None, side_key(self._group, *tp), partition=0)
+            producer.poll(0)
+        except (SpillFailed, KafkaException, BufferError) as exc:
+            log.debug("tombstones of %s not written (tried again later): %s", done, exc)
+            return
+        for tp in done:
+            self._inline.discard(tp)
+            self._keys.discard(tp)
+            self._written.pop(tp, None)
+        self.tombstones_written += len(done)
+
+    def _written_failed(self) -> None:
+        """A side write failed: the topic may have been deleted meanwhile. The next write checks
+        it again (and creates it, compacted), and every map is written again rather than
+        referenced where it may no longer be."""
+        self._topic_ready = False
+        self._written.clear()
+
+    def _acknowledged(self, write: SideWrite, *, block: bool) -> list[int] | None:
+        """The offsets of ``write``'s records once acknowledged (None: not yet, and not
+        ``block``); raises :class:`SpillFailed`."""
+        producer = write.producer
+        try:
+            while not write.acknowledged():
+                left = write.deadline - time.monotonic()
+                if left <= 0:
+                    raise SpillFailed(
+                        f"no acknowledgement of the offset map records in {self.topic} "
+                        f"within {SIDE_TIMEOUT:.0f}s"
+                    )
+                if not block:
+                    producer.poll(0)
+                    if not write.acknowledged():
+                        return None
+                    break
+                producer.flush(min(1.0, left))
+        except KafkaException as exc:
+            raise _failed(exc) from exc
+        return write.offsets()
+
     def forget(self, tps: Sequence[TopicPartition] | None = None) -> None:
         """Drop what was written for ``tps`` (revoked), or for every partition (a transaction
         aborted: its records are aborted too, so nothing written may be referenced again)."""
         if tps is None:
             self._written.clear()
+            self._forgot_all += 1
             return
         for tp in tps:
             self._written.pop(tp, None)
             self._keys.discard(tp)
+            self._inline.discard(tp)
+            self._forgot[tp] = self._forgot.get(tp, 0) + 1
 
     def _own_producer(self) -> Any:
         if self._producer is None:
             settings = side_client_config(self._config)
-            settings.update({"enable.idempotence": True, "acks": "all", "linger.ms": 0})
-            said = _client_log(f"{self._name} offset-map producer", settings)
+            # A side topic deleted meanwhile is created again by _ensure_topic, compacted: never
+            # by the broker's auto-creation, whose defaults (cleanup.policy=delete) lose maps.
+            settings.update(
+                {
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "linger.ms": 0,
+                    "allow.auto.create.topics": False,
+                }
+            )
+            said = client_log(f"{self._name} offset-map producer", settings)
             self._producer = self._producer_factory(said.configure(settings))
         return self._producer
 
@@ -296,7 +323,7 @@ class SpillStore:
         if self._topic_ready:
             return
         settings = side_client_config(self._config)
-        said = _client_log(f"{self._name} offset-map admin", settings)
+        said = client_log(f"{self._name} offset-map admin", settings)
         try:
             admin = self._admin_factory(said.configure(settings))
             found = admin.list_topics(topic=self.topic, timeout=SIDE_TIMEOUT).topics.get(self.topic)
@@ -336,7 +363,7 @@ class SpillStore:
             return None
         self._keys.add(tp)  # whatever happens below, the key may hold a map: tombstone it later
         try:
-            key, value = self._fetch(ref)
+            key, value = self._reader.read(ref)
             found = read_side_value(
                 ref, key, value, expected_key=side_key(self._group, *tp), committed_offset=committed
             )
@@ -355,62 +382,12 @@ class SpillStore:
         )
         return ""
 
-    def _fetch(self, ref: SpillReference) -> tuple[bytes | None, bytes | None]:
-        """The key and value of the record at ``ref`` (read committed)."""
-        reader = self._own_reader()
-        if ref.topic not in self._readable:
-            # A deleted side topic answers at once here, rather than after READ_TIMEOUT below.
-            found = reader.list_topics(ref.topic, timeout=READ_TIMEOUT).topics.get(ref.topic)
-            if found is None or found.error is not None or ref.partition not in found.partitions:
-                raise OffsetDecodeError(f"{ref}: the side topic or partition does not exist")
-            self._readable.add(ref.topic)
-        reader.assign([KafkaTopicPartition(ref.topic, ref.partition, ref.offset)])
-        try:
-            deadline = time.monotonic() + READ_TIMEOUT
-            while time.monotonic() < deadline:
-                message = reader.poll(0.2)
-                if message is None:
-                    continue
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        raise OffsetDecodeError(f"{ref} is past the end of the side topic")
-                    raise KafkaException(error)
-                if message.offset() != ref.offset:
-                    raise OffsetDecodeError(
-                        f"{ref} is gone (compacted, aborted or deleted): the next record is at "
-                        f"{message.offset()}"
-                    )
-                return message.key(), message.value()
-            raise OffsetDecodeError(f"{ref} could not be read within {READ_TIMEOUT:.0f}s")
-        finally:
-            reader.unassign()
-
-    def _own_reader(self) -> Any:
-        if self._reader is None:
-            settings = side_client_config(self._config)
-            settings.update(
-                {
-                    "group.id": f"{self._group}.pc-offsets-reader",
-                    "enable.auto.commit": False,
-                    "enable.partition.eof": True,
-                    "isolation.level": "read_committed",
-                    # A reference past the log's start or end is an error, never a reset.
-                    "auto.offset.reset": "error",
-                }
-            )
-            said = _client_log(f"{self._name} offset-map reader", settings)
-            self._reader = self._consumer_factory(said.configure(settings))
-        return self._reader
-
     def close(self) -> None:
         """Close the clients (on the poller thread, as it stops)."""
         if self._producer is not None:
             self._producer.flush(SIDE_TIMEOUT)
             self._producer = None
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
+        self._reader.close()
 
     def __repr__(self) -> str:
         return (
@@ -441,11 +418,6 @@ def spill_store_for(
         admin_factory=admin_factory,
         name=name,
     )
-
-
-def _client_log(client: str, settings: Mapping[str, Any]) -> ClientLog:
-    servers = str(settings.get("bootstrap.servers"))
-    return ClientLog(client, servers, reports_health=False)
 
 
 def _failed(exc: KafkaException) -> SpillFailed:

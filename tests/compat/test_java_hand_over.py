@@ -44,6 +44,7 @@ from parallel_consumer.offsets import (
     plan_commit,
     read_committed_metadata,
 )
+from parallel_consumer.offsets.spill import parse_reference
 from parallel_consumer.testing import produce_records
 from parallel_consumer.testing.pytest_plugin import KafkaBroker, TopicFactory
 from parallel_consumer.work import commit_tracker
@@ -91,13 +92,17 @@ class PythonConsumer:
     """A ParallelConsumer of this library whose handler records what it processed and never
     finishes the records in ``failing`` (it raises Retry with an hour's delay)."""
 
-    def __init__(self, config: dict[str, Any], topic: str, failing: set[Record]) -> None:
+    def __init__(
+        self, config: dict[str, Any], topic: str, failing: set[Record], **options: Any
+    ) -> None:
         self.processed: set[Record] = set()
         self._lock = threading.Lock()
         self._failing = failing
         self.pc = ParallelConsumer(
             config,
-            Options(ordering=ProcessingOrder.KEY, max_concurrency=8, commit_interval=0.2),
+            Options(
+                ordering=ProcessingOrder.KEY, max_concurrency=8, commit_interval=0.2, **options
+            ),
         )
         self.pc.subscribe([topic])
         self.pc.poll(self._handle)
@@ -148,6 +153,17 @@ def committed_as_confluent_kafka_reads_it(
         consumer.close()
 
 
+def committed_exactly(config: dict[str, Any], topic: str) -> dict[Any, tuple[int, str | None]]:
+    """(topic, partition) -> (offset, metadata): the group's commit read with its exact bytes."""
+    reader = CommittedReader(config)
+    try:
+        stored = reader.read([(topic, p) for p in range(PARTITIONS)], timeout=15)
+    finally:
+        reader.close()
+    assert stored is not None, reader.unavailable
+    return stored
+
+
 def report(direction: str, records: int, unfinished: set[Record], processed: set[Record]) -> None:
     rerun, lost = processed - unfinished, unfinished - processed
     print(
@@ -161,13 +177,15 @@ def python_finishes_all_but_50(
     topic: TopicFactory,
     config: dict[str, Any],
     python_consumers: list[PythonConsumer],
+    **options: Any,
 ) -> tuple[str, set[Record], set[Record], dict[int, int]]:
-    """A topic of RECORDS records of which this library finishes all but 50 and closes,
-    committing each partition's lowest unfinished offset and the map above it. Returns the
-    topic, its records, the unfinished ones and the lowest unfinished offset per partition."""
+    """A topic of RECORDS records of which this library (with ``options``) finishes all but 50
+    and closes, committing each partition's lowest unfinished offset and the map above it.
+    Returns the topic, its records, the unfinished ones and the lowest unfinished offset per
+    partition."""
     name, records = produce(kafka, topic)
     unfinished = pick_unfinished(records, 50, seed=1)
-    first = PythonConsumer(config, name, unfinished)
+    first = PythonConsumer(config, name, unfinished, **options)
     python_consumers.append(first)
     wait_until(
         lambda: len(first.processed) == RECORDS - len(unfinished),
@@ -222,12 +240,7 @@ def test_python_to_java_hand_over_is_exact(
             kafka, topic, consumer_config, python_consumers
         )
     assert not [r for r in caplog.records if "committed exactly" in r.getMessage()]
-    reader = CommittedReader(consumer_config)
-    try:
-        stored = reader.read([(name, p) for p in range(PARTITIONS)], timeout=15)
-    finally:
-        reader.close()
-    assert stored is not None, reader.unavailable
+    stored = committed_exactly(consumer_config, name)
     for (_, partition), (offset, metadata) in stored.items():
         assert offset == lowest[partition]
         assert metadata
@@ -305,6 +318,41 @@ def test_python_to_java_hand_over_without_exact_commits_loses_nothing_but_replay
     print("  Java's log: " + " | ".join(line for line in log.splitlines() if "ecod" in line)[:600])
     replayed_from_committed = {(p, o) for p, o in records if o >= lowest[p]}
     assert processed == replayed_from_committed
+
+
+def test_python_to_java_hand_over_of_spilled_maps_loses_nothing_but_replays(
+    kafka: KafkaBroker,
+    topic: TopicFactory,
+    consumer_config: dict[str, Any],
+    python_consumers: list[PythonConsumer],
+) -> None:
+    # Given 5,000 records, of which this library finishes all but 50 and closes, with a limit
+    # so small that every map spills: each partition's commit is a reference to the side topic
+    name, records, unfinished, lowest = python_finishes_all_but_50(
+        kafka, topic, consumer_config, python_consumers, max_metadata_bytes=16
+    )
+    stored = committed_exactly(consumer_config, name)
+    for (_, partition), (offset, metadata) in stored.items():
+        assert offset == lowest[partition]
+        assert metadata is not None
+        assert parse_reference(metadata) is not None, metadata
+
+    # When the real Java Parallel Consumer takes the group over and runs to the end
+    java, _ = run_java_consumer(
+        kafka.bootstrap_servers, name, consumer_config["group.id"], ordering="KEY"
+    )
+
+    # Then it read the reference as the commit's metadata and could not decode it as a map ...
+    assert java["reached"], java
+    for partition, commit in java["committed_before"].items():
+        assert commit["metadata"] == stored[(name, int(partition))][1], commit
+        assert "error" in commit["java_decoded"], commit
+    # ... so it replayed everything from the committed offset: nothing lost, finished records
+    # above it run again (as after a map it cannot read; see docs/offset-metadata.md)
+    processed = {(p, o) for p, o in java["processed"]}
+    report("Python (spilled) -> Java", RECORDS, unfinished, processed)
+    assert unfinished <= processed
+    assert processed == {(p, o) for p, o in records if o >= lowest[p]}
 
 
 def exact_reader_unavailable() -> str | None:

@@ -184,3 +184,34 @@ def test_a_confluent_kafka_version_outside_the_checked_ones_falls_back(
     assert len(fallback_warnings(caplog)) == 1
     assert exact.unavailable is not None
     assert "outside the versions" in exact.unavailable
+
+
+def test_the_group_metadata_of_a_transaction_is_destroyed_when_its_offsets_cannot_be_listed(
+    consumer: Consumer, fresh_library: librdkafka.Library, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given exact commits on the consumer's handle (its checks passed) and a producer
+    exact = ExactCommits(consumer)
+    rk = librdkafka.client_handle(consumer, fresh_library, RD_KAFKA_CONSUMER)
+    exact._lib, exact._rk = fresh_library, rk
+    monkeypatch.setattr(exact, "_handle", lambda: rk)
+    writing = fresh_library.writing()
+    destroyed: list[Any] = []
+    destroy = writing.group_metadata_destroy
+
+    def counted(group: Any) -> None:
+        destroyed.append(group)
+        destroy(group)
+
+    monkeypatch.setattr(writing, "group_metadata_destroy", counted)
+
+    def no_list(lib: Any, commits: Any) -> Any:
+        raise MemoryError("rd_kafka_topic_partition_list_new returned NULL")
+
+    monkeypatch.setattr(exact_commits, "_offsets", no_list)
+    producer = Producer({"bootstrap.servers": NOWHERE["bootstrap.servers"]})
+    # When the list of offsets cannot be made
+    with pytest.raises(MemoryError):
+        exact.send_offsets_to_transaction(producer, [], 1.0)
+    # Then the consumer's group metadata taken for it is destroyed all the same
+    assert len(destroyed) == 1
+    producer.flush(0)

@@ -11,6 +11,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from parallel_consumer._events import Commit
@@ -88,12 +89,16 @@ def test_a_partition_back_inline_gets_one_tombstone() -> None:
     cluster = FakeTopics()
     store, _ = _store(cluster)
     store.references([_spill(100, "A" * 5000)])
-    # When its map fits inline again
+    # When its map fits inline again: no tombstone while that commit is not stored ...
     assert store.references([OffsetCommit(TP, 1, 200, "bGw=")]) == {}
+    assert len(cluster.records(TOPIC)) == 1
+    # ... and once it is
+    store.inline_stored([TP])
     # Then a tombstone of its key follows, once
     records = cluster.records(TOPIC)
     assert [(m.key(), m.value()) for m in records[1:]] == [(side_key("g", *TP), None)]
     store.references([OffsetCommit(TP, 1, 201, "")])
+    store.inline_stored([TP])
     assert len(cluster.records(TOPIC)) == 2
     assert store.tombstones_written == 1
 
@@ -192,3 +197,77 @@ def test_a_partition_revoked_while_its_side_record_is_on_its_way_is_never_commit
 
 def _spill_epoch(assigned: AssignedPartitions, offset: int, metadata: str) -> OffsetCommit:
     return OffsetCommit(TP, assigned.epochs[TP], offset, metadata, spill=True)
+
+
+def test_a_side_record_acknowledged_after_its_partition_was_revoked_is_never_referenced_again() -> (
+    None
+):
+    # (Another member may write newer records of the key meanwhile: a reference to this one
+    # would name a record that compaction may drop.)
+    cluster = FakeTopics()
+    store, _ = _store(cluster)
+    write = store.start([_spill(100, "A" * 5000)])
+    assert write.pending
+    # When the partition is revoked while its side record is on its way, and acknowledged after
+    store.forget([TP])
+    assert store.finish(write, block=True) is not None
+    # Then the same map, once the partition is back, gets a record of its own
+    again = store.start([_spill(100, "A" * 5000)])
+    assert again.pending
+    store.finish(again, block=True)
+    assert len(cluster.records(TOPIC)) == 2
+
+
+def test_side_records_acknowledged_after_an_aborted_transaction_are_never_referenced_again() -> (
+    None
+):
+    cluster = FakeTopics()
+    store, _ = _store(cluster)
+    write = store.start([_spill(100, "A" * 5000)])
+    store.forget()
+    store.finish(write, block=True)
+    assert store.start([_spill(100, "A" * 5000)]).pending
+
+
+def test_no_tombstone_is_written_before_the_inline_commit_that_replaces_the_reference() -> None:
+    cluster = FakeTopics()
+    commits, client, assigned, producer = _async_client(cluster)
+    producer.hold.clear()
+    spilled = Commit((_spill_epoch(assigned, 100, "A" * 5000),), sync=False, reply=Future())
+    commits.commit(spilled, frozenset())
+    commits.turn(time.monotonic(), 30.0)
+    commits.on_commit(None, [KafkaTopicPartition(*TP, 100)])
+    # When the map fits again and its inline commit fails
+    inline = OffsetCommit(TP, assigned.epochs[TP], 200, "bGw=")
+    command = Commit((inline,), sync=False, reply=Future())
+    commits.commit(command, frozenset())
+    commits.turn(time.monotonic(), 30.0)
+    assert client.commits[-1] == [(*TP, 200, "bGw=")]
+    failed = KafkaTopicPartition(*TP, 200)
+    commits.on_commit(KafkaError(KafkaError.REBALANCE_IN_PROGRESS), [failed])
+    assert command.reply.result(0)[0].error is not None
+    # Then the side topic still holds the committed reference's record, with no tombstone after
+    assert [m.value() for m in cluster.records(TOPIC)][-1] is not None
+    # When the inline commit is sent again and stored
+    commits.commit(Commit((inline,), sync=False, reply=Future()), frozenset())
+    commits.turn(time.monotonic(), 30.0)
+    commits.on_commit(None, [KafkaTopicPartition(*TP, 200)])
+    # Then the key's tombstone follows
+    assert [(m.key(), m.value()) for m in cluster.records(TOPIC)][-1] == (
+        side_key("g", *TP),
+        None,
+    )
+
+
+def test_after_a_failed_side_write_every_map_is_written_again_and_the_topic_checked_again() -> None:
+    cluster = FakeTopics()
+    store, producers = _store(cluster)
+    other = ("orders", 4)
+    store.references([_spill(100, "A" * 5000), OffsetCommit(other, 1, 7, "B" * 5000, spill=True)])
+    # When a later side write fails (the side topic deleted meanwhile, say)
+    producers[0].fail_next_deliveries(1)
+    with pytest.raises(SpillFailed):
+        store.references([_spill(101, "C" * 5000)])
+    # Then the next commit writes the unchanged map of the other partition again, rather than
+    # referencing a record that may be gone
+    assert store.start([OffsetCommit(other, 1, 7, "B" * 5000, spill=True)]).pending
