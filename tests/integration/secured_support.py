@@ -60,14 +60,21 @@ def consumer_config(kafka: LocalKafka, user: str, group: str, **more: Any) -> di
 
 
 def committed(kafka: LocalKafka, group: str, topic: str, partitions: int = 1) -> dict[int, int]:
-    """The group's committed offsets, read as the super user (-1001: none; -1 while the
-    group's coordinator cannot answer yet)."""
+    """The group's committed offsets, read as the super user (-1001: none; -1 when the
+    group's coordinator did not answer within 30 s)."""
     consumer = Consumer({**kafka.client_config(), "group.id": group})
     try:
-        answer = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], 30)
-        return {tp.partition: tp.offset for tp in answer}
-    except KafkaException:  # e.g. NOT_COORDINATOR while the offsets topic loads
-        return dict.fromkeys(range(partitions), -1)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                answer = consumer.committed(
+                    [TopicPartition(topic, p) for p in range(partitions)], 30
+                )
+                return {tp.partition: tp.offset for tp in answer}
+            except KafkaException:  # e.g. NOT_COORDINATOR while the offsets topic loads
+                if time.monotonic() > deadline:
+                    return dict.fromkeys(range(partitions), -1)
+                time.sleep(0.5)
     finally:
         consumer.close()
 

@@ -38,13 +38,17 @@ def add_parser(commands: Any) -> None:
         "--loads", default="0.25,0.5,0.8", help="fractions of the capacity (default 0.25,0.5,0.8)"
     )
     latency.add_argument("--duration", type=float, help="seconds of producing per run")
-    latency.add_argument("--scale", choices=sorted(SCALES), default="full")
+    latency.add_argument(
+        "--scale", choices=sorted(SCALES), default="full", help="records and durations per run"
+    )
     latency.add_argument("--repeat", type=int, default=3, help="runs per contestant and load")
     latency.add_argument(
         "--peers", default=",".join(PEERS), help=f"default {','.join(PEERS)}; 'none' for pc alone"
     )
     latency.add_argument("--bootstrap", help="use this broker instead of starting a local one")
-    latency.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    latency.add_argument(
+        "--out", type=Path, default=Path("benchmarks/results"), help="folder of the JSON and charts"
+    )
 
 
 class _Usage(Exception):
