@@ -138,7 +138,9 @@ def test_cancelling_run_on_a_real_broker_lets_calls_finish_and_commits_them(
     asyncio.run(main())
     # Then what was committed was processed, and nothing processed past it is lost: every
     # offset below each partition's committed one is in `done`
+    # (a partition whose records were not fetched yet when the task was cancelled has nothing
+    # to commit: the close commits what finished, which may be on the other partitions only)
     stored = committed(consumer_config, name, PARTITIONS)
+    assert any(offset > 0 for offset, _ in stored.values()), stored
     for partition, (offset, _) in stored.items():
-        assert offset > 0
         assert {(partition, o) for o in range(offset)} <= done
